@@ -1,0 +1,29 @@
+# The two commands a new user runs (README): `make component-tests` and `make test`.
+# Both create .venv, install the project with its test extras, then run pytest. Where no torch is
+# installed yet, the CPU build CPU_TORCH is installed first (on a training image, install the
+# project into the image's Python instead: pip install -e '.[test]').
+PYTHON ?= python3
+VENV ?= .venv
+CPU_TORCH ?= 2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install component-tests test benchmark
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "torch==$(CPU_TORCH)"
+	$(BIN)/pip install -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+component-tests: install
+	$(BIN)/python -m pytest component_tests
+
+test: install
+	$(BIN)/python -m pytest
+
+benchmark: install
+	$(BIN)/python benchmarks/reference_attention.py

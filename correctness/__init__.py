@@ -1,0 +1,34 @@
+"""Numerical-correctness component tests for tuned training recipes.
+
+The public API for declaring and running a lever:
+
+    Lever, Case, Control, Mutated, PathOutput, LeverOptions, RecipeRef  (declarations)
+    Rule, DEFAULT_RULE                                                  (the pass rule)
+    run_case, run_lever, write_record, read_record                      (running, records)
+
+pytest users load `correctness.pytest_plugin` from their conftest.py.
+"""
+
+from correctness.errors import CorrectnessError, PathUnavailable
+from correctness.harness import run_case, run_lever
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, PathOutput, RecipeRef
+from correctness.results import read_record, write_record
+from correctness.rule import DEFAULT_RULE, Rule
+
+__all__ = [
+    "DEFAULT_RULE",
+    "Case",
+    "Control",
+    "CorrectnessError",
+    "Lever",
+    "LeverOptions",
+    "Mutated",
+    "PathOutput",
+    "PathUnavailable",
+    "RecipeRef",
+    "Rule",
+    "read_record",
+    "run_case",
+    "run_lever",
+    "write_record",
+]

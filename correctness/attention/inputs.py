@@ -1,0 +1,117 @@
+"""Attention inputs: seeded synthetic ones that look like the model's, or captured ones.
+
+Layout: BSHD, q and grad_out [batch, seq, heads, head_dim], k and v [batch, seq, groups, head_dim];
+THD packs the rows: [batch * seq, heads or groups, head_dim].
+
+Synthetic inputs are drawn in FP32 from a generator seeded by the case, on the CPU (so they are the
+same on every device), then rounded to the shape's dtype and moved to the device:
+- q and k RMS-normalised per head over head_dim, times seeded per-dimension gains near 1 (q_norm,
+  k_norm), so that under softmax scale 1.0 the logits have their real size (std near sqrt(head_dim));
+- v RMS-normalised without a gain, as Gemma-4 does; the upstream gradient standard normal.
+The "window-edge" variant then makes, for the first query head of every group, the key exactly one
+position outside the window a copy of the query: a window one too wide takes in a key whose logit
+is about head_dim, so an off-by-one window fails by a wide margin.
+
+Captured inputs (safetensors, one file per layer: q, k, v as above in BSHD at the recipe's
+rank-local shape) are sliced to the case's heads (the first groups and their query heads, which
+keeps the head-to-group mapping) and sequence; their upstream gradient is seeded standard normal
+(relative errors do not depend on its size).
+"""
+
+from dataclasses import dataclass, replace
+from pathlib import Path as FilePath
+from typing import Any
+
+import torch
+
+from correctness.errors import CaseInputError
+from correctness.shapes import AttentionShape
+
+GAIN_SPREAD = 0.1  # std of the synthetic q_norm / k_norm gains around 1
+VARIANTS = ("model-like", "window-edge")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionInputs:
+    shape: AttentionShape
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grad_out: torch.Tensor
+
+    def with_shape(self, **changes: Any) -> "AttentionInputs":
+        """The same tensors under a changed shape record (how controls change window or scale)."""
+        return replace(self, shape=self.shape.with_changes(**changes))
+
+
+def _rms_normalise(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True))
+
+
+def _packed(shape: AttentionShape, x: torch.Tensor) -> torch.Tensor:
+    """BSHD to the shape's layout (THD merges batch and sequence)."""
+    return x.reshape(-1, *x.shape[2:]) if shape.qkv_format == "thd" else x
+
+
+def _finish(shape: AttentionShape, device: torch.device, q, k, v, grad_out) -> AttentionInputs:
+    def place(x: torch.Tensor) -> torch.Tensor:
+        return _packed(shape, x).to(dtype=shape.torch_dtype).to(device).contiguous()
+
+    return AttentionInputs(shape=shape, q=place(q), k=place(k), v=place(v), grad_out=place(grad_out))
+
+
+def synthetic_inputs(shape: AttentionShape, seed: int, device: torch.device, variant: str) -> AttentionInputs:
+    if variant not in VARIANTS:
+        raise CaseInputError(f"synthetic attention inputs: unknown variant {variant!r} (known: {VARIANTS})")
+    generator = torch.Generator().manual_seed(seed)
+    b, s, h, g, d = shape.batch, shape.seq_len, shape.heads, shape.groups, shape.head_dim
+
+    def normal(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=generator, dtype=torch.float32)
+
+    q_gain = 1.0 + GAIN_SPREAD * normal(d)
+    k_gain = 1.0 + GAIN_SPREAD * normal(d)
+    q = _rms_normalise(normal(b, s, h, d)) * q_gain
+    k = _rms_normalise(normal(b, s, g, d)) * k_gain
+    v = _rms_normalise(normal(b, s, g, d))
+    grad_out = normal(b, s, h, d)
+    if variant == "window-edge":
+        if shape.window is None or shape.window[0] + 1 >= s:
+            raise CaseInputError(f"window-edge inputs need a window shorter than the sequence ({shape.id})")
+        width = shape.window[0] + 1  # the query itself and window[0] keys before it
+        first_heads = torch.arange(g) * shape.gqa_ratio
+        k[:, : s - width] = q[:, width:, first_heads]
+    return _finish(shape, device, q, k, v, grad_out)
+
+
+def checkpoint_file(folder: FilePath, layer: int) -> FilePath:
+    return FilePath(folder) / f"layer-{layer:02d}.safetensors"
+
+
+def checkpoint_inputs(shape: AttentionShape, path: FilePath, seed: int, device: torch.device) -> AttentionInputs:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CaseInputError(f"checkpoint case: file {path} not found")
+    tensors = {}
+    with safe_open(str(path), framework="pt") as captured:
+        names = set(captured.keys())
+        for name, heads in (("q", shape.heads), ("k", shape.groups), ("v", shape.groups)):
+            if name not in names:
+                raise CaseInputError(f"checkpoint case {path.name}: no tensor {name!r} (has {sorted(names)})")
+            sliced = captured.get_slice(name)
+            batch, seq, stored_heads, head_dim = sliced.get_shape()
+            if (
+                batch < shape.batch
+                or seq < shape.seq_len
+                or stored_heads < heads
+                or head_dim != shape.head_dim
+            ):
+                raise CaseInputError(
+                    f"checkpoint case {path.name}: tensor {name} is {[batch, seq, stored_heads, head_dim]},"
+                    f" too small for [{shape.batch}, {shape.seq_len}, {heads}, {shape.head_dim}]"
+                )
+            tensors[name] = sliced[: shape.batch, : shape.seq_len, :heads, :]
+    generator = torch.Generator().manual_seed(seed)
+    grad_out = torch.randn(shape.batch, shape.seq_len, shape.heads, shape.head_dim, generator=generator)
+    return _finish(shape, device, tensors["q"], tensors["k"], tensors["v"], grad_out)

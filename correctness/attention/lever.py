@@ -1,0 +1,174 @@
+"""The attention-backend lever: a candidate attention path against the default (TE's unfused
+numerics) and the FP64 reference, at a recipe's rank-local shapes.
+
+Tiers, each a Lever of its own:
+- "cpu": smoke scale on the CPU; torch SDPA's flash CPU kernel against the eager unfused path;
+- "gpu": recipe scale on any CUDA GPU, without TE; each fused SDPA backend against the eager path;
+- the recipe's GPU ("h100"): recipe scale; TE's auto backend against TE's forced unfused backend.
+
+Cases: two seeded model-like synthetic cases per layer kind, one window-edge case per windowed
+kind, and four captured checkpoint cases (the first and last layer of each kind), which skip
+without a folder of captures. Negative controls: the candidate with a window one key too wide,
+and with the softmax scale 1/sqrt(head_dim) where the model uses another (Gemma: 1.0).
+"""
+
+import math
+from pathlib import Path as FilePath
+
+from correctness.attention.eager import EagerUnfused
+from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, synthetic_inputs
+from correctness.attention.reference import Fp64Reference
+from correctness.attention.sdpa import Sdpa
+from correctness.attention.te import TransformerEngine
+from correctness.fixtures import recipe_path
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path
+from correctness.models import ModelFacts, load_model
+from correctness.recipes import Recipe, load_recipe
+from correctness.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
+
+NAME = "attention-backend"
+VERSION = 1
+SYNTHETIC_SEEDS = (0, 1)
+WINDOW_EDGE_SEED = 0
+CHECKPOINT_GRAD_SEED = 0
+GPU_SDPA_BACKENDS = ("flash", "efficient", "cudnn")
+
+
+def synthetic_case(shape: AttentionShape, seed: int, variant: str) -> Case:
+    suffix = "" if variant == "model-like" else f"-{variant}"
+    return Case(
+        id=f"{shape.id}{suffix}-seed{seed}",
+        shape=shape,
+        seed=seed,
+        source="synthetic",
+        variant=variant,
+        make_inputs=lambda device: synthetic_inputs(shape, seed, device, variant),
+    )
+
+
+def checkpoint_case(shape: AttentionShape, layer: int, folder: FilePath | None) -> Case:
+    path = None if folder is None else checkpoint_file(folder, layer)
+    return Case(
+        id=f"{shape.id}-layer{layer:02d}",
+        shape=shape,
+        seed=CHECKPOINT_GRAD_SEED,
+        source="checkpoint",
+        variant="captured",
+        make_inputs=lambda device: checkpoint_inputs(shape, path, CHECKPOINT_GRAD_SEED, device),
+        skip_reason=None
+        if folder is not None
+        else "no captured checkpoint inputs given (--checkpoint-cases DIR or CORRECTNESS_CHECKPOINT_CASES)",
+    )
+
+
+def attention_cases(recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions) -> tuple[Case, ...]:
+    cases = []
+    for kind in model.attention_kinds:
+        shape = attention_shape(recipe, model, kind, scale)
+        cases += [synthetic_case(shape, seed, "model-like") for seed in SYNTHETIC_SEEDS]
+        if shape.window is not None:
+            cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge"))
+    for kind in model.attention_kinds:
+        shape = attention_shape(recipe, model, kind, scale)
+        layers = model.layers_of_kind(kind)
+        cases += [checkpoint_case(shape, layer, options.checkpoint_dir) for layer in (layers[0], layers[-1])]
+    return tuple(cases)
+
+
+def window_too_wide(shape: AttentionShape) -> tuple[int, int]:
+    left, right = shape.window
+    return (left + 1, right)
+
+
+def window_control_inapplicable(case: Case) -> str | None:
+    """The window control runs on the cases built to expose a wrong window. On model-like inputs
+    one extra key among a window's worth of keys with random logits moves the output by about the
+    default's own error (measured 0.8-1.04 x the bound at smoke scale): too thin to be evidence."""
+    shape = case.shape
+    if shape.window is None:
+        return f"{shape.layer_kind} layers have no window"
+    if shape.seq_len <= shape.window[0] + 1:
+        return f"sequence {shape.seq_len} is not longer than the window"
+    if case.variant != "window-edge":
+        return f"{case.variant} inputs do not expose the window edge; the window-edge case carries this control"
+    return None
+
+
+def wrong_scale(shape: AttentionShape) -> float:
+    """1/sqrt(head_dim) where the model uses another scale (Gemma: 1.0), else 1.0."""
+    usual = 1.0 / math.sqrt(shape.head_dim)
+    return usual if not math.isclose(shape.softmax_scale, usual) else 1.0
+
+
+def controls(candidate: Path) -> tuple[Control, ...]:
+    return (
+        Control(
+            name="window off by one",
+            path=Mutated(
+                base=candidate,
+                mutation="window one key too wide",
+                mutate=lambda inputs: inputs.with_shape(window=window_too_wide(inputs.shape)),
+            ),
+            why_inapplicable=window_control_inapplicable,
+        ),
+        Control(
+            name="wrong softmax scale",
+            path=Mutated(
+                base=candidate,
+                mutation="softmax scale 1/sqrt(d) or 1.0",
+                mutate=lambda inputs: inputs.with_shape(softmax_scale=wrong_scale(inputs.shape)),
+            ),
+        ),
+    )
+
+
+def attention_backend_lever(
+    *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Path, default: Path, options: LeverOptions
+) -> Lever:
+    return Lever(
+        name=NAME,
+        version=VERSION,
+        tier=tier,
+        description=f"{candidate.name} against {default.name} and an FP64 reference, forward and backward",
+        recipe=recipe.ref,
+        device=device,
+        cases=attention_cases(recipe, load_model(recipe.model), scale, options),
+        candidate=candidate,
+        default=default,
+        reference=Fp64Reference(),
+        controls=controls(candidate),
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """Smoke scale on the CPU: SDPA's flash CPU kernel (FP32 logits) against the eager unfused path."""
+    recipe = load_recipe(recipe_path(recipe_id))
+    return [
+        attention_backend_lever(
+            recipe=recipe, tier="cpu", scale=SMOKE_SCALE, device="cpu",
+            candidate=Sdpa("flash"), default=EagerUnfused(), options=options,
+        )
+    ]
+
+
+def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """Recipe scale on any CUDA GPU without TE: each fused SDPA backend against the eager path."""
+    recipe = load_recipe(recipe_path(recipe_id))
+    return [
+        attention_backend_lever(
+            recipe=recipe, tier="gpu", scale=RECIPE_SCALE, device="cuda",
+            candidate=Sdpa(backend), default=EagerUnfused(), options=options,
+        )
+        for backend in GPU_SDPA_BACKENDS
+    ]
+
+
+def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """Recipe scale on the recipe's GPU: TE's auto backend against TE forced to unfused."""
+    recipe = load_recipe(recipe_path(recipe_id))
+    return [
+        attention_backend_lever(
+            recipe=recipe, tier=recipe.gpu.lower(), scale=RECIPE_SCALE, device="cuda",
+            candidate=TransformerEngine("auto"), default=TransformerEngine("unfused"), options=options,
+        )
+    ]

@@ -1,0 +1,25 @@
+"""The suite's exceptions. Each carries a one-line message that names the thing at fault."""
+
+
+class CorrectnessError(Exception):
+    """Base class: bad input or an inconsistent declaration, reported in one line."""
+
+
+class RecipeError(CorrectnessError):
+    """A recipe or model-facts file is missing, malformed, or lacks a field the suite needs."""
+
+
+class ShapeError(CorrectnessError):
+    """A shape cannot be derived from the recipe and model facts at the requested scale."""
+
+
+class ComparisonError(CorrectnessError):
+    """Outputs cannot be compared: a tensor is missing, or shapes or dtypes differ between paths."""
+
+
+class CaseInputError(CorrectnessError):
+    """A case's inputs (for example a captured checkpoint file) are missing or do not fit its shape."""
+
+
+class PathUnavailable(CorrectnessError):
+    """A path cannot run on this machine or on this case (a backend refuses it); the case is skipped."""

@@ -1,0 +1,129 @@
+"""A lever, declared as data: cases, the candidate and default paths, the FP64 reference, the
+negative controls and the rule. The harness (`correctness.harness`) runs any lever; it knows
+none by name.
+
+A path is any object with a `name` and a `run(inputs) -> PathOutput`. Inputs are whatever the
+lever's cases make; the harness never looks inside them.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path as FilePathType
+from typing import Any, Protocol
+
+import torch
+
+from correctness.rule import DEFAULT_RULE, Rule
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathOutput:
+    """What one run of a path produced, and what actually ran (backend and details)."""
+
+    tensors: Mapping[str, torch.Tensor]
+    backend: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Path(Protocol):
+    name: str
+
+    def run(self, inputs: Any) -> PathOutput: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mutated:
+    """A path run on mutated inputs: how a lever builds a deliberately wrong variant of a path."""
+
+    base: Path
+    mutation: str  # what is wrong, for names and reports: "window +1"
+    mutate: Callable[[Any], Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name} ({self.mutation})"
+
+    def run(self, inputs: Any) -> PathOutput:
+        output = self.base.run(self.mutate(inputs))
+        return PathOutput(
+            tensors=output.tensors, backend=output.backend, details={**output.details, "mutation": self.mutation}
+        )
+
+
+def always_applies(case: "Case") -> str | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Control:
+    """A negative control: a deliberately wrong path that must fail the rule on every case it
+    applies to. `why_inapplicable(case)` returns None where the control changes the computation,
+    else the reason it does not (a window control on a layer without a window)."""
+
+    name: str
+    path: Path
+    why_inapplicable: Callable[["Case"], str | None] = always_applies
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One seeded set of inputs at one shape. `make_inputs(device)` builds them when the case runs."""
+
+    id: str
+    shape: Any  # a frozen dataclass describing the shape; recorded with the result
+    seed: int | None
+    source: str  # "synthetic" or "checkpoint"
+    variant: str  # how the inputs were made: "model-like", "window-edge", "captured", ...
+    make_inputs: Callable[[torch.device], Any]
+    skip_reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeverOptions:
+    """What a user chooses at run time, handed to lever factories: the folder of captured
+    checkpoint inputs, if any."""
+
+    checkpoint_dir: FilePathType | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeRef:
+    """The recipe a lever's shapes come from and its results belong to."""
+
+    id: str  # path below fixtures/recipes without ".yaml", or the user's file name
+    model: str
+    gpu: str
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lever:
+    name: str  # "attention-backend": one per lever, stable; records are keyed by it
+    version: int  # bump when the method changes so that older records are not mixed in
+    tier: str  # "cpu", "gpu" or a recipe GPU type such as "h100"
+    description: str
+    recipe: RecipeRef
+    device: str  # the torch device the tier runs on: "cpu" or "cuda"
+    cases: tuple[Case, ...]
+    candidate: Path
+    default: Path
+    reference: Path
+    controls: tuple[Control, ...]
+    rule: Rule = DEFAULT_RULE
+    rule_reason: str | None = None  # required where `rule` differs from the default
+
+    def __post_init__(self):
+        if self.rule != DEFAULT_RULE and not self.rule_reason:
+            raise ValueError(f"lever {self.name}: overrides the rule ({self.rule.describe()}) without a rule_reason")
+        if not self.controls:
+            raise ValueError(f"lever {self.name}: declares no negative controls, so its test could not fail")
+        if not self.cases:
+            raise ValueError(f"lever {self.name}: declares no cases")
+        ids = [case.id for case in self.cases]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"lever {self.name}: case ids repeat: {sorted(i for i in ids if ids.count(i) > 1)}")
+
+    @property
+    def record_id(self) -> str:
+        """Names this lever run's record: lever, tier and the candidate path."""
+        return f"{self.name}--{self.tier}--{self.candidate.name}"

@@ -1,0 +1,78 @@
+"""Where and with what a result was produced: device, library versions, threads, commit.
+
+Optional libraries are looked up by their installed metadata, never imported here.
+"""
+
+import importlib.metadata
+import platform
+import subprocess
+from functools import cache
+from pathlib import Path as FilePath
+from typing import Any
+
+import torch
+
+OPTIONAL_PACKAGES = ("transformer-engine", "transformer-engine-torch", "flash-attn", "flash-attn-3", "megatron-core")
+
+
+def package_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@cache
+def cpu_model() -> str:
+    try:
+        for line in FilePath("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_description(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        properties = torch.cuda.get_device_properties(index)
+        return {
+            "type": "cuda",
+            "name": properties.name,
+            "capability": f"{properties.major}.{properties.minor}",
+            "memory_gb": round(properties.total_memory / 2**30, 1),
+            "index": index,
+        }
+    return {"type": device.type, "name": cpu_model(), "threads": torch.get_num_threads()}
+
+
+@cache
+def git_commit() -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=FilePath(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def provenance(device: torch.device) -> dict[str, Any]:
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "device": device_description(device),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "packages": {name: package_version(name) for name in OPTIONAL_PACKAGES},
+        "correctness_commit": git_commit(),
+    }

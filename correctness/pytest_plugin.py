@@ -1,0 +1,160 @@
+"""pytest integration: lever parametrisation, hardware markers, result records, verdict tables.
+
+Load it from a conftest.py with `pytest_plugins = ("correctness.pytest_plugin",)`. A test module
+then declares, per test, which levers it runs:
+
+    @pytest.mark.levers(factory=partial(attention.cpu_tier, RECIPE))
+    def test_attention_backend_cpu(lever, case, lever_check):
+        lever_check(lever, case)
+
+`levers(factory=...)` (a keyword: pytest would take a lone positional function for the decorated
+test) calls factory(LeverOptions) at collection and parametrises (lever, case) over
+every case of every lever returned. Each lever's cases are gathered into one JSON record per run,
+written under --results-dir, and a verdict table per lever is printed at the end.
+
+Hardware markers skip (never fail) where the machine lacks what they name:
+gpu (any CUDA device), h100 / h200 (that GPU), te (a usable Transformer Engine).
+"""
+
+import datetime
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path as FilePath
+
+import pytest
+import torch
+
+from correctness.harness import build_record, run_case
+from correctness.lever import Case, Lever, LeverOptions
+from correctness.report import case_report, verdict_table
+from correctness.results import CaseResult, write_record
+
+CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
+GPU_MARKERS = {"h100": "H100", "h200": "H200"}
+MARKERS = {
+    "levers(factory=...)": "parametrise (lever, case) over the levers factory(LeverOptions) returns",
+    "gpu": "needs a CUDA GPU; skips without one",
+    "h100": "needs an NVIDIA H100 (the recipe's GPU); skips elsewhere",
+    "h200": "needs an NVIDIA H200 (the recipe's GPU); skips elsewhere",
+    "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("correctness", "numerical-correctness component tests")
+    group.addoption("--results-dir", default=None, help="where lever records go (default: <rootdir>/results)")
+    group.addoption(
+        "--checkpoint-cases",
+        default=None,
+        help=f"folder of captured attention inputs for the checkpoint cases (or set {CHECKPOINT_ENV})",
+    )
+
+
+def pytest_configure(config):
+    for marker, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: {meaning}")
+    config.stash[_RUNS] = {}
+
+
+def lever_options(config) -> LeverOptions:
+    folder = config.getoption("checkpoint_cases") or os.environ.get(CHECKPOINT_ENV)
+    return LeverOptions(checkpoint_dir=FilePath(folder) if folder else None)
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("levers")
+    if marker is None:
+        return
+    if marker.args or set(marker.kwargs) != {"factory"}:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: write the marker as levers(factory=...)")
+    levers = marker.kwargs["factory"](lever_options(metafunc.config))
+    pairs = [(lever, case) for lever in levers for case in lever.cases]
+    ids = [f"{lever.candidate.name}-{case.id}" if len(levers) > 1 else case.id for lever, case in pairs]
+    metafunc.parametrize(("lever", "case"), pairs, ids=ids)
+
+
+def _missing_hardware(item) -> str | None:
+    names = {marker.name for marker in item.iter_markers()}
+    needs_gpu = names & ({"gpu", "te"} | set(GPU_MARKERS))
+    if needs_gpu and not torch.cuda.is_available():
+        for_te = " for Transformer Engine" if "te" in needs_gpu else ""
+        return f"needs a CUDA GPU ({', '.join(sorted(needs_gpu))}){for_te}; this machine has none"
+    for marker, model in GPU_MARKERS.items():
+        if marker in names:
+            found = torch.cuda.get_device_name()
+            if model not in found:
+                return f"needs an NVIDIA {model} (the recipe's GPU); found {found}"
+    if "te" in names:
+        try:
+            import transformer_engine.pytorch  # noqa: F401
+        except Exception as error:
+            return f"Transformer Engine is not usable here: {type(error).__name__}: {error}"
+    return None
+
+
+def pytest_runtest_setup(item):
+    reason = _missing_hardware(item)
+    if reason:
+        pytest.skip(reason)
+
+
+@dataclass
+class _LeverRun:
+    lever: Lever
+    started: str
+    seconds: float = 0.0
+    cases: list[CaseResult] = field(default_factory=list)
+
+
+_RUNS = pytest.StashKey[dict]()
+_WRITTEN = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def lever_check(request):
+    """lever_check(lever, case): run the case, keep its result for the lever's record, and fail
+    with the full report (or skip with the reason) as the case decides."""
+    runs = request.config.stash[_RUNS]
+
+    def check(lever: Lever, case: Case) -> CaseResult:
+        run = runs.setdefault(
+            lever.record_id,
+            _LeverRun(lever=lever, started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
+        )
+        clock = time.perf_counter()
+        result = run_case(lever, case)
+        run.seconds += time.perf_counter() - clock
+        run.cases.append(result)
+        if result.status == "skip":
+            pytest.skip(result.skip_reason)
+        if result.status == "fail":
+            pytest.fail(case_report(lever.name, result), pytrace=False)
+        return result
+
+    return check
+
+
+def _results_dir(config) -> FilePath:
+    given = config.getoption("results_dir")
+    return FilePath(given) if given else FilePath(config.rootpath) / "results"
+
+
+def pytest_sessionfinish(session):
+    written = []
+    for run in session.config.stash.get(_RUNS, {}).values():
+        record = build_record(run.lever, run.cases, run.started, run.seconds)
+        written.append((record, write_record(record, _results_dir(session.config))))
+    session.config.stash[_WRITTEN] = written
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    written = config.stash.get(_WRITTEN, [])
+    if not written:
+        return
+    terminalreporter.section("lever verdicts")
+    for record, path in written:
+        for line in verdict_table(record):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"  record: {path}")
+        terminalreporter.write_line("")

@@ -1,0 +1,166 @@
+"""Result data: what one case and one lever run produced, and the JSON record format.
+
+The record format is documented in docs/record-format.md; bump FORMAT_VERSION on any change
+that a reader of older records would misread.
+"""
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path as FilePath
+from typing import Any
+
+from correctness.compare import TensorComparison
+from correctness.errors import CorrectnessError
+from correctness.lever import RecipeRef
+
+FORMAT = "correctness.lever-record"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathRun:
+    """One run of a path: its name, the backend that actually ran, and how long it took."""
+
+    path: str
+    backend: str
+    details: Mapping[str, Any]
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    """A path's outputs judged tensor by tensor against the default under the rule."""
+
+    run: PathRun
+    tensors: tuple[TensorComparison, ...]
+
+    @property
+    def passes(self) -> bool:
+        return all(t.passes for t in self.tensors)
+
+    @property
+    def worst(self) -> TensorComparison:
+        """The tensor nearest to failing (or farthest past the bound); NaN counts as farthest."""
+        return max(self.tensors, key=lambda t: math.inf if math.isnan(t.error_over_bound) else t.error_over_bound)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlResult:
+    name: str
+    inapplicable_reason: str | None  # why the control does not change this case, if it does not
+    judgement: Judgement | None  # None where inapplicable
+
+    @property
+    def fails_bound(self) -> bool:
+        return self.judgement is not None and not self.judgement.passes
+
+    @property
+    def power(self) -> float | None:
+        """The control's largest error over the bound: above 1 means it fails, as it must."""
+        return None if self.judgement is None else self.judgement.worst.error_over_bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaseResult:
+    case_id: str
+    source: str
+    variant: str
+    seed: int | None
+    shape: Mapping[str, Any]
+    status: str  # "pass", "fail" or "skip"
+    skip_reason: str | None
+    failures: tuple[str, ...]
+    reference: PathRun | None
+    default: PathRun | None
+    candidate: Judgement | None
+    candidate_repeat: Judgement | None
+    deterministic: bool | None  # candidate outputs bitwise equal between its two runs
+    nondeterministic_tensors: tuple[str, ...]
+    default_repeat: Judgement | None  # positive control: the default judged as a candidate
+    controls: tuple[ControlResult, ...]
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeverRecord:
+    lever: Mapping[str, Any]
+    recipe: RecipeRef
+    verdict: str  # "pass", "fail", or "skip" where no case ran
+    cases: tuple[CaseResult, ...]
+    provenance: Mapping[str, Any]
+    started: str
+    finished: str
+    seconds: float
+
+
+def lever_verdict(cases: tuple[CaseResult, ...]) -> str:
+    statuses = {case.status for case in cases}
+    if "fail" in statuses:
+        return "fail"
+    return "pass" if "pass" in statuses else "skip"
+
+
+def _jsonable(value: Any) -> Any:
+    """Dataclasses to dicts (properties that matter included), non-finite floats to None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Judgement):
+        return {"passes": value.passes, **_jsonable(dataclasses.asdict(value))}
+    if isinstance(value, ControlResult):
+        return {
+            "name": value.name,
+            "applies": value.inapplicable_reason is None,
+            "inapplicable_reason": value.inapplicable_reason,
+            "fails_bound": value.fails_bound,
+            "power": _jsonable(value.power),
+            "judgement": _jsonable(value.judgement),
+        }
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def record_to_json(record: LeverRecord) -> dict[str, Any]:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, **_jsonable(record)}
+
+
+def write_record(record: LeverRecord, results_dir: FilePath) -> FilePath:
+    """Write the record atomically to results_dir/<recipe id>/<record id>.json; return its path."""
+    target = FilePath(results_dir) / record.recipe.id / f"{record.lever['record_id']}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record_to_json(record), indent=1, allow_nan=False) + "\n"
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w") as out:  # created with the user's umask (mkstemp would make it 0600)
+            out.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_record(path: FilePath) -> dict[str, Any]:
+    """Load a record, refusing files of another format or format version."""
+    path = FilePath(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # ValueError: bad JSON, or bytes that are not UTF-8
+        raise CorrectnessError(f"result record {path}: cannot be read as JSON ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CorrectnessError(f"result record {path}: not a {FORMAT} file")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise CorrectnessError(
+            f"result record {path}: format version {data.get('format_version')}, this suite reads {FORMAT_VERSION}"
+        )
+    return data

@@ -1,0 +1,153 @@
+"""Rank-local shapes derived from a recipe and its model facts, at a named scale.
+
+The recipe scale is the shape one GPU of the recipe sees. The smoke scale keeps what can go wrong
+visible on a CPU: the same head dims, GQA ratio, softmax scale, window and layer kinds, with two
+key-value groups and a sequence still longer than the window.
+"""
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from correctness.errors import ShapeError
+from correctness.models import ModelFacts
+from correctness.recipes import Recipe
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale:
+    name: str
+    kv_groups: int | None = None  # None: the recipe's rank-local groups
+    seq_len: int | None = None  # None: the recipe's row_tokens
+    rows: int | None = None  # None: the recipe's rows per microbatch
+
+
+RECIPE_SCALE = Scale(name="recipe")
+SMOKE_SCALE = Scale(name="smoke", kv_groups=2, seq_len=2048, rows=1)
+SCALES = {scale.name: scale for scale in (RECIPE_SCALE, SMOKE_SCALE)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionShape:
+    """Self-attention at one rank: BSHD tensors [batch, seq_len, heads, head_dim] (THD packs the
+    batch's rows into one sequence of batch * seq_len tokens with cumulative lengths)."""
+
+    model: str  # the model's short name
+    layer_kind: str
+    scale: str
+    tp_size: int
+    tp_rank: int
+    batch: int
+    seq_len: int
+    heads: int
+    groups: int
+    head_dim: int
+    window: tuple[int, int] | None  # Transformer Engine's inclusive (left, right); None: none
+    causal: bool
+    softmax_scale: float
+    dtype: str
+    qkv_format: str  # "bshd" or "thd"
+
+    def __post_init__(self):
+        if self.heads % self.groups:
+            raise ShapeError(f"attention shape {self.id}: {self.heads} heads do not divide into {self.groups} groups")
+        if self.qkv_format not in ("bshd", "thd"):
+            raise ShapeError(f"attention shape: unknown qkv_format {self.qkv_format!r}")
+        if self.dtype not in DTYPES:
+            raise ShapeError(f"attention shape: unknown dtype {self.dtype!r} (known: {sorted(DTYPES)})")
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.heads // self.groups
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...] | None:
+        """THD: cumulative row lengths over the packed tokens; None for BSHD."""
+        if self.qkv_format != "thd":
+            return None
+        return tuple(row * self.seq_len for row in range(self.batch + 1))
+
+    @property
+    def window_text(self) -> str:
+        return "nowin" if self.window is None else f"w{self.window[0] + 1}"
+
+    @property
+    def id(self) -> str:
+        """Readable and stable: gemma4-31b-sliding-s2048-h4-g2-d256-w1024-bf16."""
+        rows = "" if self.batch == 1 else f"-b{self.batch}{self.qkv_format}"
+        return (
+            f"{self.model}-{self.layer_kind}-s{self.seq_len}{rows}-h{self.heads}-g{self.groups}"
+            f"-d{self.head_dim}-{self.window_text}-{self.dtype}"
+        )
+
+    def with_changes(self, **changes: Any) -> "AttentionShape":
+        return replace(self, **changes)
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, **asdict(self), "cu_seqlens": self.cu_seqlens}
+
+
+def qkv_format(recipe: Recipe) -> str:
+    """The recipe's `--qkv-format`; without one, THD where miles packs rows (dynamic batch size)."""
+    given = recipe.argument("--qkv-format")
+    if given:
+        return given[0]
+    return "thd" if recipe.argument("--use-dynamic-batch-size") is not None else "bshd"
+
+
+def attention_shape(
+    recipe: Recipe, model: ModelFacts, kind: str, scale: Scale = RECIPE_SCALE, tp_rank: int = 0
+) -> AttentionShape:
+    if recipe.model != model.name:
+        raise ShapeError(f"recipe {recipe.id} is for {recipe.model}, not {model.name}")
+    facts = model.attention_kind(kind)
+    tp = recipe.tp
+    if not 0 <= tp_rank < tp:
+        raise ShapeError(f"recipe {recipe.id}: TP rank {tp_rank} outside 0..{tp - 1}")
+    if facts.query_heads % tp or facts.kv_heads % tp:
+        raise ShapeError(
+            f"{model.name} {kind} attention: {facts.query_heads} query heads and {facts.kv_heads} key-value heads"
+            f" do not split evenly over TP {tp} (replicated key-value heads are not modelled yet)"
+        )
+    groups = facts.kv_heads // tp
+    if scale.kv_groups is not None:
+        groups = min(groups, scale.kv_groups)
+    seq_len = scale.seq_len or recipe.row_tokens
+    window = None if facts.window is None else (facts.window - 1, 0)
+    if window is not None and seq_len <= facts.window:
+        raise ShapeError(
+            f"{scale.name} scale: sequence {seq_len} is not longer than the {kind} window {facts.window},"
+            " so a wrong window would be invisible"
+        )
+    precision = recipe.precision
+    if precision not in DTYPES:
+        raise ShapeError(f"recipe {recipe.id}: precision {precision!r} is not one of {sorted(DTYPES)}")
+    return AttentionShape(
+        model=model.short_name,
+        layer_kind=kind,
+        scale=scale.name,
+        tp_size=tp,
+        tp_rank=tp_rank,
+        batch=scale.rows or recipe.rows_per_microbatch,
+        seq_len=seq_len,
+        heads=groups * facts.gqa_ratio,
+        groups=groups,
+        head_dim=facts.head_dim,
+        window=window,
+        causal=True,
+        softmax_scale=facts.softmax_scale,
+        dtype=precision,
+        qkv_format=qkv_format(recipe),
+    )
+
+
+def inverse_sqrt_head_dim(shape: AttentionShape) -> float:
+    return 1.0 / math.sqrt(shape.head_dim)

@@ -1,0 +1,1 @@
+pytest_plugins = ("correctness.pytest_plugin",)

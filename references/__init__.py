@@ -1,0 +1,1 @@
+"""Plain FP64 reference implementations that the correctness checks compare against."""

@@ -1,0 +1,264 @@
+"""The attention lever's paths, masks, inputs and controls, at tiny shapes on the CPU."""
+
+import math
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from correctness.attention import lever as attention
+from correctness.attention.eager import EagerUnfused
+from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, synthetic_inputs
+from correctness.attention.masks import visible_keys
+from correctness.attention.reference import Fp64Reference
+from correctness.attention.sdpa import Sdpa
+from correctness.attention.te import FORCED, SWITCHES, TransformerEngine, backend_switches, backend_that_ran
+from correctness.compare import relative_l2_error
+from correctness.errors import CaseInputError, PathUnavailable
+from correctness.harness import run_case
+from correctness.lever import LeverOptions
+from correctness.shapes import AttentionShape
+
+CPU = torch.device("cpu")
+# In FP32 the working-precision paths differ from FP64 by rounding alone: any mask, grouping or
+# layout bug is orders of magnitude larger than this.
+FP32_AGREEMENT = 1e-5
+
+
+def tiny_shape(**changes) -> AttentionShape:
+    fields = dict(
+        model="toy", layer_kind="sliding", scale="test", tp_size=1, tp_rank=0, batch=2, seq_len=13,
+        heads=4, groups=2, head_dim=8, window=(3, 0), causal=True, softmax_scale=0.7, dtype="fp32",
+        qkv_format="bshd",
+    )
+    return AttentionShape(**{**fields, **changes})
+
+
+SHAPES = {
+    "window": tiny_shape(),
+    "global": tiny_shape(window=None),
+    "thd-window": tiny_shape(qkv_format="thd"),
+    "mha": tiny_shape(groups=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("path", [EagerUnfused(), Sdpa("math"), Sdpa("flash")], ids=lambda p: p.name)
+def test_paths_agree_with_the_reference_in_fp32(name, path):
+    inputs = synthetic_inputs(SHAPES[name], seed=3, device=CPU, variant="model-like")
+    reference = Fp64Reference().run(inputs).tensors
+    output = path.run(inputs)
+    assert set(output.tensors) == set(reference)
+    for tensor, expected in reference.items():
+        error, kind = relative_l2_error(output.tensors[tensor], expected)
+        assert kind == "relative" and error < FP32_AGREEMENT, f"{path.name} {tensor} on {name}: {error:.2e}"
+
+
+def test_a_wrong_group_mapping_would_be_seen():
+    """Swapping the two groups' keys changes every output: two groups make grouping visible."""
+    inputs = synthetic_inputs(SHAPES["window"], seed=3, device=CPU, variant="model-like")
+    swapped = type(inputs)(shape=inputs.shape, q=inputs.q, k=inputs.k.flip(2), v=inputs.v.flip(2),
+                           grad_out=inputs.grad_out)
+    right = EagerUnfused().run(inputs).tensors["out"]
+    wrong = EagerUnfused().run(swapped).tensors["out"]
+    assert relative_l2_error(wrong, right)[0] > 100 * FP32_AGREEMENT
+
+
+def test_eager_path_keeps_logits_in_the_input_dtype():
+    shape = tiny_shape(dtype="bf16", softmax_scale=1.0, head_dim=64, seq_len=64)
+    inputs = synthetic_inputs(shape, seed=0, device=CPU, variant="model-like")
+    reference = Fp64Reference().run(inputs).tensors
+    eager = EagerUnfused().run(inputs)
+    flash = Sdpa("flash").run(inputs)
+    assert eager.details["logits_dtype"] == "bfloat16"
+    assert all(eager.tensors[name].dtype == torch.bfloat16 for name in reference)
+    # BF16 logits at scale 1.0 are the unfused path's main error: FP32-logit kernels beat it.
+    assert relative_l2_error(eager.tensors["out"], reference["out"])[0] > relative_l2_error(
+        flash.tensors["out"], reference["out"]
+    )[0]
+
+
+def brute_force_visible(shape: AttentionShape) -> torch.Tensor:
+    n = shape.batch * shape.seq_len if shape.qkv_format == "thd" else shape.seq_len
+    left, right = shape.window or (-1, -1)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for a in range(n):
+        for b in range(n):
+            i, j = a % shape.seq_len, b % shape.seq_len
+            same_row = shape.qkv_format != "thd" or a // shape.seq_len == b // shape.seq_len
+            visible[a, b] = (
+                same_row
+                and (not shape.causal or j <= i)
+                and (left < 0 or j >= i - left)
+                and (right < 0 or j <= i + right)
+            )
+    return visible
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_visible_keys_matches_the_definition(name):
+    assert torch.equal(visible_keys(SHAPES[name], CPU), brute_force_visible(SHAPES[name]))
+
+
+def test_a_window_of_w_keys_is_te_w_minus_one():
+    visible = visible_keys(tiny_shape(window=(3, 0), batch=1), CPU)
+    assert visible.sum(dim=1).max() == 4  # the query and the 3 keys before it
+
+
+def test_sdpa_refusal_makes_the_path_unavailable_with_the_reason():
+    inputs = synthetic_inputs(SHAPES["window"], seed=0, device=CPU, variant="model-like")
+    with pytest.raises(PathUnavailable, match="torch SDPA efficient refuses toy-sliding"):
+        Sdpa("efficient").run(inputs)
+
+
+def test_unknown_backends_are_refused_at_declaration():
+    with pytest.raises(ValueError, match="unknown backend 'fastest'"):
+        Sdpa("fastest")
+    with pytest.raises(ValueError, match="unknown backend 'fastest'"):
+        TransformerEngine("fastest")
+
+
+def test_te_path_without_te_is_unavailable_with_the_reason():
+    inputs = synthetic_inputs(SHAPES["window"], seed=0, device=CPU, variant="model-like")
+    with pytest.raises(PathUnavailable, match="Transformer Engine|CUDA"):
+        TransformerEngine("auto").run(inputs)
+
+
+def test_te_backend_switches_are_restored_and_reselection_requested(monkeypatch):
+    monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
+    monkeypatch.delenv("NVTE_FLASH_ATTN", raising=False)
+    monkeypatch.delenv("NVTE_UNFUSED_ATTN", raising=False)
+    cache = {"backend_selection_requires_update": False}
+    with backend_switches(FORCED["unfused"], cache):
+        assert {name: os.environ[name] for name in SWITCHES} == FORCED["unfused"]
+        assert cache["backend_selection_requires_update"] is True
+        cache["backend_selection_requires_update"] = False  # TE clears it when it re-selects
+    assert os.environ["NVTE_FUSED_ATTN"] == "0"
+    assert "NVTE_FLASH_ATTN" not in os.environ and "NVTE_UNFUSED_ATTN" not in os.environ
+    assert cache["backend_selection_requires_update"] is True
+
+
+@pytest.mark.parametrize(
+    ("cache", "expected"),
+    [
+        ({"use_fused_attention": True, "fused_attention_backend": 1}, ("fused", "F16_arbitrary_seqlen")),
+        ({"use_flash_attention": True, "flash_attention_backend": "2.7.4"}, ("flash", None)),
+        ({"use_unfused_attention": True}, ("unfused", None)),
+        ({}, ("none", None)),
+    ],
+)
+def test_te_backend_read_back(cache, expected):
+    ran, details = backend_that_ran(cache)
+    assert (ran, details.get("fused_attention_backend")) == expected
+
+
+def test_synthetic_inputs_are_seeded_and_model_like():
+    shape = tiny_shape(dtype="bf16", head_dim=64, seq_len=32)
+    first = synthetic_inputs(shape, seed=5, device=CPU, variant="model-like")
+    again = synthetic_inputs(shape, seed=5, device=CPU, variant="model-like")
+    other = synthetic_inputs(shape, seed=6, device=CPU, variant="model-like")
+    assert torch.equal(first.q, again.q) and torch.equal(first.grad_out, again.grad_out)
+    assert not torch.equal(first.q, other.q)
+    v_rms = first.v.float().square().mean(dim=-1).sqrt()
+    assert torch.allclose(v_rms, torch.ones_like(v_rms), atol=1e-2)  # V normalised without a gain
+    assert first.q.dtype == torch.bfloat16 and first.q.shape == (2, 32, 4, 64)
+
+
+def test_window_edge_inputs_make_the_first_key_outside_the_window_attractive():
+    shape = tiny_shape(window=(3, 0), seq_len=16, head_dim=32, softmax_scale=1.0)
+    inputs = synthetic_inputs(shape, seed=0, device=CPU, variant="window-edge")
+    width = shape.window[0] + 1
+    for group in range(shape.groups):
+        head = group * shape.gqa_ratio
+        query, outside = inputs.q[0, width:, head], inputs.k[0, : shape.seq_len - width, group]
+        assert torch.equal(query, outside)
+        logit_outside = (query * outside).sum(-1)
+        assert bool((logit_outside > 0.5 * shape.head_dim).all())
+
+
+def test_window_edge_needs_a_window_shorter_than_the_sequence():
+    with pytest.raises(CaseInputError, match="window-edge"):
+        synthetic_inputs(SHAPES["global"], seed=0, device=CPU, variant="window-edge")
+
+
+def test_thd_inputs_pack_rows():
+    inputs = synthetic_inputs(SHAPES["thd-window"], seed=0, device=CPU, variant="model-like")
+    assert inputs.q.shape == (2 * 13, 4, 8) and inputs.k.shape == (2 * 13, 2, 8)
+    assert SHAPES["thd-window"].cu_seqlens == (0, 13, 26)
+
+
+def write_capture(folder, layer, shape, extra_seq=5, extra_groups=1, drop=None):
+    generator = torch.Generator().manual_seed(layer)
+    groups = shape.groups + extra_groups
+    sizes = {"q": groups * shape.gqa_ratio, "k": groups, "v": groups}
+    tensors = {
+        name: torch.randn(shape.batch, shape.seq_len + extra_seq, heads, shape.head_dim, generator=generator)
+        .to(torch.bfloat16)
+        for name, heads in sizes.items()
+        if name != drop
+    }
+    save_file(tensors, str(checkpoint_file(folder, layer)))
+    return tensors
+
+
+def test_checkpoint_inputs_are_sliced_to_the_case(tmp_path):
+    shape = tiny_shape(dtype="bf16", batch=1)
+    stored = write_capture(tmp_path, 7, shape)
+    inputs = checkpoint_inputs(shape, checkpoint_file(tmp_path, 7), seed=0, device=CPU)
+    assert torch.equal(inputs.q, stored["q"][:, : shape.seq_len, : shape.heads])
+    assert torch.equal(inputs.k, stored["k"][:, : shape.seq_len, : shape.groups])
+    assert inputs.grad_out.shape == inputs.q.shape
+
+
+def test_checkpoint_inputs_name_what_is_wrong(tmp_path):
+    shape = tiny_shape(dtype="bf16", batch=1)
+    with pytest.raises(CaseInputError, match="layer-03.safetensors not found"):
+        checkpoint_inputs(shape, checkpoint_file(tmp_path, 3), seed=0, device=CPU)
+    write_capture(tmp_path, 4, shape, drop="v")
+    with pytest.raises(CaseInputError, match="no tensor 'v'"):
+        checkpoint_inputs(shape, checkpoint_file(tmp_path, 4), seed=0, device=CPU)
+    write_capture(tmp_path, 5, shape, extra_seq=-1)
+    with pytest.raises(CaseInputError, match="tensor q is .* too small"):
+        checkpoint_inputs(shape, checkpoint_file(tmp_path, 5), seed=0, device=CPU)
+
+
+def smoke_lever(options=LeverOptions()):
+    return attention.cpu_tier("gemma-4-31b/h100/attune-tp2-pp4-split13", options)[0]
+
+
+def test_cpu_tier_declares_the_recipe_cases():
+    lever = smoke_lever()
+    variants = sorted((case.shape.layer_kind, case.variant) for case in lever.cases)
+    assert variants == sorted(
+        [("sliding", "model-like")] * 2 + [("sliding", "window-edge")] + [("global", "model-like")] * 2
+        + [("sliding", "captured")] * 2 + [("global", "captured")] * 2
+    )
+    layers = sorted(case.id.rsplit("layer", 1)[1] for case in lever.cases if case.source == "checkpoint")
+    assert layers == ["00", "05", "58", "59"]  # first and last layer of each kind
+    assert all(case.skip_reason for case in lever.cases if case.source == "checkpoint")
+
+
+def test_controls_apply_only_where_they_change_the_computation():
+    lever = smoke_lever()
+    window, scale = lever.controls
+    by_variant = {(case.shape.layer_kind, case.variant): case for case in lever.cases}
+    assert window.why_inapplicable(by_variant[("sliding", "window-edge")]) is None
+    assert "no window" in window.why_inapplicable(by_variant[("global", "model-like")])
+    assert "window-edge case carries" in window.why_inapplicable(by_variant[("sliding", "model-like")])
+    assert all(scale.why_inapplicable(case) is None for case in lever.cases)
+
+
+def test_wrong_scale_is_the_other_convention():
+    assert attention.wrong_scale(tiny_shape(softmax_scale=1.0, head_dim=256)) == 1 / 16
+    assert attention.wrong_scale(tiny_shape(softmax_scale=1 / math.sqrt(128), head_dim=128)) == 1.0
+
+
+def test_checkpoint_case_runs_through_the_lever(tmp_path):
+    """A captured sliding layer at smoke scale: candidate passes, controls fail."""
+    lever = smoke_lever(LeverOptions(checkpoint_dir=tmp_path))
+    case = next(c for c in lever.cases if c.source == "checkpoint" and c.shape.layer_kind == "sliding")
+    write_capture(tmp_path, int(case.id.rsplit("layer", 1)[1]), case.shape, extra_seq=0, extra_groups=0)
+    result = run_case(lever, case)
+    assert result.status == "pass", result.failures
+    assert [c.fails_bound for c in result.controls if c.judgement is not None] == [True]

@@ -1,0 +1,424 @@
+"""The harness (run_case, run_lever), lever declarations, verdicts and result records, on toy
+levers built from the public API: row sums accumulated in BF16 (the default) or FP32 (the
+candidate) against an FP64 reference."""
+
+import json
+import re
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+import torch
+
+import correctness.results as results_module
+from correctness import (
+    Case,
+    Control,
+    CorrectnessError,
+    Lever,
+    Mutated,
+    PathOutput,
+    PathUnavailable,
+    RecipeRef,
+    Rule,
+    read_record,
+    run_case,
+    run_lever,
+    write_record,
+)
+from correctness.results import FORMAT, FORMAT_VERSION, CaseResult, lever_verdict
+from correctness.rule import DEFAULT_FACTOR
+
+RECIPE = RecipeRef(id="toy/cpu/running-sum", model="Toy", gpu="none", sha256="0" * 64)
+SEEDS = (0, 1)
+
+
+# Toy paths
+
+
+@dataclass(frozen=True)
+class RunningSum:
+    """Row sums and their total of a [rows, columns] input, accumulated left to right."""
+
+    name: str
+    accumulate: torch.dtype
+    output: torch.dtype = torch.float32
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        rows = torch.zeros(inputs.shape[0], dtype=self.accumulate)
+        for column in inputs.to(self.accumulate).unbind(-1):
+            rows = rows + column
+        total = torch.zeros((), dtype=self.accumulate)
+        for row in rows:
+            total = total + row
+        backend = f"running-sum-{str(self.accumulate).removeprefix('torch.')}"
+        return PathOutput(tensors={"rows": rows.to(self.output), "total": total.to(self.output)}, backend=backend)
+
+
+DEFAULT = RunningSum("bf16 accumulation", torch.bfloat16)
+CANDIDATE = RunningSum("fp32 accumulation", torch.float32)
+REFERENCE = RunningSum("fp64 reference", torch.float64, output=torch.float64)
+
+
+@dataclass(frozen=True)
+class WithNan:
+    """A path whose `rows` output has a NaN at `index`."""
+
+    base: Any
+    index: int
+    name: str = "nan candidate"
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        output = self.base.run(inputs)
+        rows = output.tensors["rows"].clone()
+        rows[self.index] = math.nan
+        return PathOutput(tensors={**output.tensors, "rows": rows}, backend=output.backend)
+
+
+@dataclass
+class ChangesAfterFirstCall:
+    """A path that runs `base` on its first call and `then` on every later call."""
+
+    name: str
+    base: Any
+    then: Any
+    calls: int = field(default=0)
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        self.calls += 1
+        return (self.base if self.calls == 1 else self.then).run(inputs)
+
+
+@dataclass(frozen=True)
+class TotalOneUlpUp:
+    """`base`, with its FP32 total moved to the next representable value: bitwise different and
+    numerically irrelevant."""
+
+    base: Any
+    name: str = "fp32 accumulation, nudged"
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        output = self.base.run(inputs)
+        total = output.tensors["total"]
+        nudged = torch.nextafter(total, torch.tensor(math.inf, dtype=total.dtype))
+        return PathOutput(tensors={**output.tensors, "total": nudged}, backend=output.backend)
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    name: str
+    reason: str
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        raise PathUnavailable(self.reason)
+
+
+@dataclass(frozen=True)
+class ToyShape:
+    rows: int
+    columns: int
+
+    def record(self) -> dict[str, Any]:
+        return {"rows": self.rows, "columns": self.columns}
+
+
+SHAPE = ToyShape(rows=8, columns=64)
+
+
+def toy_case(seed: int, **changes: Any) -> Case:
+    def make_inputs(device: torch.device) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.rand(SHAPE.rows, SHAPE.columns, generator=generator).to(torch.bfloat16).to(device)
+
+    case = Case(
+        id=f"toy-r{SHAPE.rows}-c{SHAPE.columns}-seed{seed}",
+        shape=SHAPE,
+        seed=seed,
+        source="synthetic",
+        variant="uniform",
+        make_inputs=make_inputs,
+    )
+    return replace(case, **changes)
+
+
+def doubled_inputs_control(base: Any = CANDIDATE, **changes: Any) -> Control:
+    control = Control(
+        name="inputs doubled",
+        path=Mutated(base=base, mutation="every input doubled", mutate=lambda inputs: inputs * 2),
+    )
+    return replace(control, **changes)
+
+
+def toy_lever(**changes: Any) -> Lever:
+    declaration = dict(
+        name="running-sum",
+        version=1,
+        tier="cpu",
+        description="FP32 accumulation against BF16 accumulation and an FP64 reference",
+        recipe=RECIPE,
+        device="cpu",
+        cases=tuple(toy_case(seed) for seed in SEEDS),
+        candidate=CANDIDATE,
+        default=DEFAULT,
+        reference=REFERENCE,
+        controls=(doubled_inputs_control(),),
+    )
+    return Lever(**{**declaration, **changes})
+
+
+# run_case
+
+
+def test_a_good_candidate_passes_every_check():
+    result = run_case(toy_lever(), toy_case(0))
+    assert result.status == "pass" and result.failures == ()
+    assert result.candidate.passes and result.candidate_repeat.passes and result.default_repeat.passes
+    assert result.deterministic and result.nondeterministic_tensors == ()
+    assert [t.tensor for t in result.candidate.tensors] == ["rows", "total"]
+    assert result.candidate.run.backend == "running-sum-float32"
+    assert result.shape == {"rows": 8, "columns": 64}
+
+
+def test_the_negative_control_runs_mutated_and_fails_the_bound():
+    control = run_case(toy_lever(), toy_case(0)).controls[0]
+    assert control.name == "inputs doubled" and control.inapplicable_reason is None
+    assert control.fails_bound and control.power > 1.0
+    assert control.judgement.run.path == "fp32 accumulation (every input doubled)"
+    assert control.judgement.run.details == {"mutation": "every input doubled"}
+
+
+def test_a_candidate_over_the_bound_fails_naming_tensor_and_worst_element():
+    # BF16 accumulation judged against FP32 accumulation as the default.
+    lever = toy_lever(candidate=DEFAULT, default=CANDIDATE, controls=(doubled_inputs_control(DEFAULT),))
+    result = run_case(lever, toy_case(0))
+    assert result.status == "fail"
+    rows_failure = next(f for f in result.failures if f.startswith("candidate rows:"))
+    assert "> bound" in rows_failure and "worst element at [" in rows_failure
+
+
+def test_a_negative_control_that_passes_fails_the_case_for_lack_of_power():
+    powerless = Control(name="no-op", path=Mutated(base=CANDIDATE, mutation="nothing", mutate=lambda x: x))
+    result = run_case(toy_lever(controls=(powerless,)), toy_case(0))
+    assert result.status == "fail"
+    assert result.candidate.passes
+    assert len(result.failures) == 1
+    assert result.failures[0].startswith("negative control 'no-op' passes the bound on every tensor")
+    assert result.failures[0].endswith("no power on this case")
+
+
+def test_a_case_where_no_control_applies_fails():
+    never = doubled_inputs_control(why_inapplicable=lambda case: "toy sums have no window")
+    result = run_case(toy_lever(controls=(never,)), toy_case(0))
+    assert result.status == "fail"
+    assert result.failures == ("no negative control applies to this case, so it could not fail",)
+    assert result.controls[0].inapplicable_reason == "toy sums have no window"
+    assert result.controls[0].judgement is None and result.controls[0].power is None
+
+
+def test_a_candidate_producing_nan_fails_with_where():
+    lever = toy_lever(candidate=WithNan(CANDIDATE, index=3))
+    result = run_case(lever, toy_case(0))
+    assert result.status == "fail"
+    assert result.failures[0] == (
+        "candidate rows: non-finite values (judged rows: 1 NaN and 0 Inf of 8 elements, first at [3])"
+    )
+    assert not result.candidate.passes
+    assert result.deterministic  # the same NaN on both runs is not nondeterminism
+
+
+def test_a_nondeterministic_candidate_is_reported_with_the_tensor_named():
+    flaky = ChangesAfterFirstCall("fp32 accumulation", base=CANDIDATE, then=TotalOneUlpUp(CANDIDATE))
+    result = run_case(toy_lever(candidate=flaky), toy_case(0))
+    assert result.deterministic is False
+    assert result.nondeterministic_tensors == ("total",)
+    assert result.status == "pass"  # reported, not failed: both runs are within the bound
+
+
+def test_a_path_raising_path_unavailable_skips_the_case_with_its_reason():
+    lever = toy_lever(candidate=Unavailable("fused sum", reason="fused sum: no kernel for 64 columns"))
+    result = run_case(lever, toy_case(0))
+    assert result.status == "skip"
+    assert result.skip_reason == "fused sum: no kernel for 64 columns"
+    assert result.failures == () and result.candidate is None
+
+
+def test_a_case_with_a_skip_reason_skips_without_making_inputs():
+    def must_not_run(device: torch.device) -> torch.Tensor:
+        raise AssertionError("make_inputs ran for a skipped case")
+
+    case = toy_case(0, skip_reason="no captured inputs given", make_inputs=must_not_run)
+    result = run_case(toy_lever(), case)
+    assert result.status == "skip" and result.skip_reason == "no captured inputs given"
+    assert result.case_id == case.id and result.seed == 0
+
+
+def test_a_default_that_changes_between_calls_fails_the_positive_control():
+    off_by_one = Mutated(base=DEFAULT, mutation="one added", mutate=lambda x: x + 1)
+    drifting = ChangesAfterFirstCall("bf16 accumulation", base=DEFAULT, then=off_by_one)
+    result = run_case(toy_lever(default=drifting), toy_case(0))
+    assert result.status == "fail"
+    assert not result.default_repeat.passes
+    assert any(f.startswith("positive control (default repeated) rows: error") for f in result.failures)
+    assert result.candidate.passes
+
+
+# run_lever and lever_verdict
+
+
+def test_run_lever_records_every_case_and_the_declaration():
+    lever = toy_lever()
+    record = run_lever(lever)
+    assert record.verdict == "pass"
+    assert [case.case_id for case in record.cases] == [case.id for case in lever.cases]
+    assert record.lever["record_id"] == "running-sum--cpu--fp32 accumulation"
+    assert record.lever["controls"] == ["inputs doubled"]
+    assert record.lever["rule"] == {"factor": lever.rule.factor, "slack": lever.rule.slack, "reason": None}
+    assert record.recipe == RECIPE
+    assert record.provenance["device"]["type"] == "cpu"
+
+
+def test_run_lever_fails_when_any_case_fails():
+    lever = toy_lever(cases=(toy_case(0), toy_case(1, skip_reason="not today")), candidate=WithNan(CANDIDATE, 0))
+    assert run_lever(lever).verdict == "fail"
+
+
+def case_result(status: str) -> CaseResult:
+    return CaseResult(
+        case_id=f"toy-{status}", source="synthetic", variant="uniform", seed=0, shape={}, status=status,
+        skip_reason="skipped" if status == "skip" else None, failures=("failed",) if status == "fail" else (),
+        reference=None, default=None, candidate=None, candidate_repeat=None, deterministic=None,
+        nondeterministic_tensors=(), default_repeat=None, controls=(), seconds=0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("statuses", "verdict"),
+    [
+        (("pass", "pass"), "pass"),
+        (("pass", "fail", "pass"), "fail"),
+        (("skip", "fail"), "fail"),
+        (("skip", "pass"), "pass"),
+        (("skip", "skip"), "skip"),
+        ((), "skip"),
+    ],
+)
+def test_lever_verdict(statuses, verdict):
+    assert lever_verdict(tuple(case_result(status) for status in statuses)) == verdict
+
+
+# Lever declarations
+
+
+def test_a_lever_without_negative_controls_is_refused():
+    with pytest.raises(ValueError, match="lever running-sum: declares no negative controls"):
+        toy_lever(controls=())
+
+
+def test_a_lever_without_cases_is_refused():
+    with pytest.raises(ValueError, match="lever running-sum: declares no cases"):
+        toy_lever(cases=())
+
+
+def test_a_lever_with_repeated_case_ids_is_refused_naming_the_id():
+    with pytest.raises(ValueError, match=r"case ids repeat: \['toy-r8-c64-seed0', 'toy-r8-c64-seed0'\]"):
+        toy_lever(cases=(toy_case(0), toy_case(1), toy_case(0)))
+
+
+def test_a_lever_overriding_the_rule_must_say_why():
+    looser = Rule(factor=DEFAULT_FACTOR + 1)
+    with pytest.raises(ValueError, match="lever running-sum: overrides the rule .* without a rule_reason"):
+        toy_lever(rule=looser)
+    assert toy_lever(rule=looser, rule_reason="a toy needs a looser rule").rule == looser
+
+
+def test_record_id_names_lever_tier_and_candidate():
+    assert toy_lever().record_id == "running-sum--cpu--fp32 accumulation"
+
+
+# Records
+
+
+def test_write_then_read_record_round_trips(tmp_path):
+    record = run_lever(toy_lever())
+    path = write_record(record, tmp_path)
+    assert path == tmp_path / "toy/cpu/running-sum" / "running-sum--cpu--fp32 accumulation.json"
+    data = read_record(path)
+    assert (data["format"], data["format_version"]) == (FORMAT, FORMAT_VERSION)
+    assert data["verdict"] == "pass"
+    assert data["recipe"] == {"id": RECIPE.id, "model": "Toy", "gpu": "none", "sha256": RECIPE.sha256}
+    assert [case["case_id"] for case in data["cases"]] == [case.case_id for case in record.cases]
+    first = data["cases"][0]
+    assert first["candidate"]["passes"] is True
+    assert first["candidate"]["tensors"][0]["error"] == record.cases[0].candidate.tensors[0].error
+    assert first["controls"][0]["applies"] is True and first["controls"][0]["fails_bound"] is True
+    assert first["shape"] == {"rows": 8, "columns": 64}
+
+
+def test_non_finite_figures_are_written_as_null(tmp_path):
+    record = run_lever(toy_lever(candidate=WithNan(CANDIDATE, 0)))
+    path = write_record(record, tmp_path)
+    constants = []
+    json.loads(path.read_text(), parse_constant=constants.append)  # called on NaN, Infinity, -Infinity
+    assert constants == []
+    rows = read_record(path)["cases"][0]["candidate"]["tensors"][0]
+    assert rows["tensor"] == "rows"
+    assert rows["error"] is None and rows["error_over_bound"] is None and rows["worst"]["judged"] is None
+    assert rows["passes"] is False
+
+
+def test_write_record_leaves_no_temporary_files(tmp_path):
+    path = write_record(run_lever(toy_lever()), tmp_path)
+    assert list(path.parent.iterdir()) == [path]
+
+
+def test_write_record_replaces_an_existing_record_whole(tmp_path):
+    record = run_lever(toy_lever())
+    path = write_record(record, tmp_path)
+    path.write_text("{" + " " * 1_000_000 + "}")  # longer than any record
+    write_record(record, tmp_path)
+    assert read_record(path) == json.loads(json.dumps(results_module.record_to_json(record)))
+    assert list(path.parent.iterdir()) == [path]
+
+
+def test_a_failed_write_keeps_the_old_record_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    record = run_lever(toy_lever())
+    path = write_record(record, tmp_path)
+    before = path.read_bytes()
+
+    def refuse(source, target):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(results_module.os, "replace", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        write_record(record, tmp_path)
+    assert path.read_bytes() == before
+    assert list(path.parent.iterdir()) == [path]
+
+
+@pytest.mark.parametrize(
+    ("content", "complaint"),
+    [
+        (b'{"hello": "world"}', "not a correctness.lever-record file"),
+        (b'["correctness.lever-record"]', "not a correctness.lever-record file"),
+        (b'{"format": "correctness.lever-record", "format_version": 2}', "format version 2, this suite reads 1"),
+        (b'{"format": "correctness.lever-record"}', "format version None, this suite reads 1"),
+        (b'{"format": "correctness.lever-record", "format_vers', "cannot be read as JSON"),
+        (b"\xff\xfe not text", "cannot be read as JSON"),
+    ],
+    ids=["other-json", "a-list", "other-version", "no-version", "truncated", "not-utf8"],
+)
+def test_read_record_refuses_with_a_one_line_message_naming_the_file(tmp_path, content, complaint):
+    path = tmp_path / "record.json"
+    path.write_bytes(content)
+    with pytest.raises(CorrectnessError) as refused:
+        read_record(path)
+    message = str(refused.value)
+    assert message.startswith(f"result record {path}: ")
+    assert complaint in message and "\n" not in message
+
+
+def test_read_record_refuses_a_missing_file_naming_it(tmp_path):
+    path = tmp_path / "absent.json"
+    with pytest.raises(CorrectnessError, match=re.escape(f"result record {path}: cannot be read")):
+        read_record(path)

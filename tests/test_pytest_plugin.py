@@ -1,0 +1,233 @@
+"""The pytest plugin (correctness.pytest_plugin), run in throwaway projects with pytester."""
+
+import pytest
+import torch
+
+from correctness.results import read_record
+
+pytest_plugins = ("pytester",)
+
+CONFTEST = 'pytest_plugins = ("correctness.pytest_plugin",)\n'
+
+# A toy lever module for the throwaway project: sums of 64 BF16 values, the default accumulating in
+# FP32, the candidates in FP64 (good) or dropping the last value (bad), against an FP64 reference.
+TOY_LEVERS = '''
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from correctness import Case, Control, Lever, Mutated, PathOutput, RecipeRef
+
+RECIPE = RecipeRef(id="toy/cpu/sum", model="Toy", gpu="none", sha256="0" * 64)
+
+
+@dataclass(frozen=True)
+class Sum:
+    name: str
+    accumulate: torch.dtype
+    output: torch.dtype = torch.float32
+    drop_last: bool = False
+
+    def run(self, inputs):
+        values = inputs[..., :-1] if self.drop_last else inputs
+        total = values.to(self.accumulate).sum(-1).to(self.output)
+        return PathOutput(tensors={"total": total}, backend=f"torch-sum-{self.name}")
+
+
+def toy_case(seed, skip_reason=None):
+    def make_inputs(device):
+        generator = torch.Generator().manual_seed(seed)
+        return torch.rand(4, 64, generator=generator).to(torch.bfloat16).to(device)
+
+    return Case(id=f"sum-n64-seed{seed}", shape="4 rows of 64", seed=seed, source="synthetic",
+                variant="uniform", make_inputs=make_inputs, skip_reason=skip_reason)
+
+
+def toy_lever(candidate, cases=(toy_case(0), toy_case(1))):
+    return Lever(
+        name="toy-sum", version=1, tier="cpu", description="toy sums", recipe=RECIPE, device="cpu",
+        cases=tuple(cases), candidate=candidate, default=Sum("fp32", torch.float32),
+        reference=Sum("fp64 reference", torch.float64, output=torch.float64),
+        controls=(Control(name="inputs doubled",
+                          path=Mutated(base=candidate, mutation="doubled", mutate=lambda x: x * 2)),),
+    )
+
+
+GOOD = Sum("fp64", torch.float64)
+BAD = Sum("drops last", torch.float32, drop_last=True)
+
+
+def one_good_lever(options):
+    return [toy_lever(GOOD)]
+
+
+def good_and_bad_levers(options):
+    return [toy_lever(GOOD), toy_lever(BAD)]
+
+
+def one_bad_lever(options):
+    return [toy_lever(BAD)]
+
+
+def lever_with_a_skipped_case(options):
+    return [toy_lever(GOOD, cases=(toy_case(0), toy_case(1, skip_reason="no captured inputs here")))]
+'''
+
+
+def toy_project(pytester, test_body: str) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(toy_levers=TOY_LEVERS, test_toy="import pytest\nfrom toy_levers import *\n\n" + test_body)
+    pytester.syspathinsert()
+
+
+def run(pytester, *args: str) -> pytest.RunResult:
+    """Run pytest in the throwaway project, in process, without plugins it does not need."""
+    return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args)
+
+
+def lever_test(factory: str, markers: str = "") -> str:
+    return (
+        f"{markers}@pytest.mark.levers(factory={factory})\n"
+        "def test_sum(lever, case, lever_check):\n"
+        "    lever_check(lever, case)\n"
+    )
+
+
+def test_levers_parametrise_a_test_per_case_with_the_case_ids(pytester):
+    toy_project(pytester, lever_test("one_good_lever"))
+    result = run(pytester, "--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        ["test_toy.py::test_sum[[]sum-n64-seed0[]]", "test_toy.py::test_sum[[]sum-n64-seed1[]]"]
+    )
+    assert result.ret == pytest.ExitCode.OK
+
+
+def test_several_levers_prefix_case_ids_with_the_candidate(pytester):
+    toy_project(pytester, lever_test("good_and_bad_levers"))
+    result = run(pytester, "--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        [
+            "test_toy.py::test_sum[[]fp64-sum-n64-seed0[]]",
+            "test_toy.py::test_sum[[]fp64-sum-n64-seed1[]]",
+            "test_toy.py::test_sum[[]drops last-sum-n64-seed0[]]",
+            "test_toy.py::test_sum[[]drops last-sum-n64-seed1[]]",
+        ]
+    )
+
+
+def test_a_levers_marker_without_factory_is_a_usage_error(pytester):
+    toy_project(pytester, lever_test("one_good_lever").replace("factory=", "fatcory="))
+    result = run(pytester, "--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+    result.stdout.fnmatch_lines(["E   *UsageError: test_toy.py::test_sum: write the marker as levers(factory=...)"])
+
+
+def test_a_passing_run_writes_one_record_per_lever(pytester):
+    toy_project(pytester, lever_test("one_good_lever"))
+    records = pytester.path / "records"
+    result = run(pytester, "--results-dir", str(records))
+    result.assert_outcomes(passed=2)
+    (path,) = records.rglob("*.json")
+    assert path == records / "toy/cpu/sum" / "toy-sum--cpu--fp64.json"
+    record = read_record(path)
+    assert record["verdict"] == "pass"
+    assert [case["case_id"] for case in record["cases"]] == ["sum-n64-seed0", "sum-n64-seed1"]
+
+
+def test_records_go_under_the_rootdir_by_default(pytester):
+    toy_project(pytester, lever_test("one_good_lever"))
+    run(pytester).assert_outcomes(passed=2)
+    assert read_record(pytester.path / "results/toy/cpu/sum/toy-sum--cpu--fp64.json")["verdict"] == "pass"
+
+
+def test_the_terminal_summary_has_a_verdict_table_per_lever(pytester):
+    toy_project(pytester, lever_test("one_good_lever"))
+    result = run(pytester, "--results-dir", str(pytester.path / "records"))
+    result.stdout.fnmatch_lines(
+        [
+            "*= lever verdicts =*",
+            "toy-sum [[]cpu[]] fp64 vs fp32 · recipe toy/cpu/sum · PASS",
+            "  case * result * candidate ran * err/bound *inputs doubled err/bound",
+            "  sum-n64-seed0 * pass * torch-sum-fp64 *",
+            "  sum-n64-seed1 * pass * torch-sum-fp64 *",
+            f"  record: {pytester.path / 'records'}*toy-sum--cpu--fp64.json",
+        ]
+    )
+
+
+def test_a_failing_case_reports_the_full_case_report(pytester):
+    toy_project(pytester, lever_test("one_bad_lever"))
+    records = pytester.path / "records"
+    result = run(pytester, "--results-dir", str(records))
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "toy-sum · case sum-n64-seed0 (seed 0, synthetic): FAIL",
+            "  - candidate total: error * > bound * (default error *); worst element at [[]*",
+            "  path * backend * tensor * error * default err * bound * err/bound*",
+            "  candidate * torch-sum-drops last * total *",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] drops last vs fp32 · recipe toy/cpu/sum · FAIL"])
+    assert read_record(records / "toy/cpu/sum/toy-sum--cpu--drops last.json")["verdict"] == "fail"
+
+
+def test_a_skipped_case_skips_with_its_reason_and_is_recorded(pytester):
+    toy_project(pytester, lever_test("lever_with_a_skipped_case"))
+    records = pytester.path / "records"
+    result = run(pytester, "--results-dir", str(records), "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *: no captured inputs here"])
+    record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
+    assert [case["status"] for case in record["cases"]] == ["pass", "skip"]
+
+
+HARDWARE_TESTS = """
+@pytest.mark.gpu
+def test_gpu():
+    pass
+
+@pytest.mark.h100
+def test_h100():
+    pass
+
+@pytest.mark.h200
+def test_h200():
+    pass
+
+@pytest.mark.te
+def test_te():
+    pass
+"""
+
+
+def test_hardware_markers_skip_without_a_gpu_naming_what_is_missing(pytester, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    toy_project(pytester, HARDWARE_TESTS + "\n" + lever_test("one_good_lever", markers="@pytest.mark.h100\n"))
+    result = run(pytester, "-rs")
+    result.assert_outcomes(skipped=6)
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED [[]1[]] *: needs a CUDA GPU (gpu); this machine has none",
+            "SKIPPED [[]3[]] *: needs a CUDA GPU (h100); this machine has none",
+            "SKIPPED [[]1[]] *: needs a CUDA GPU (h200); this machine has none",
+            "SKIPPED [[]1[]] *: needs a CUDA GPU (te)*Transformer Engine*",
+        ]
+    )
+    assert not (pytester.path / "results").exists()  # no lever case ran, so no record
+
+
+def test_strict_markers_accepts_the_plugin_markers(pytester, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    toy_project(pytester, HARDWARE_TESTS + "\n" + lever_test("one_good_lever"))
+    result = run(pytester, "--strict-markers", "-W", "error::pytest.PytestUnknownMarkWarning")
+    assert result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=2, skipped=4)
+
+
+def test_strict_markers_still_refuses_an_unknown_marker(pytester):
+    toy_project(pytester, "@pytest.mark.h300\ndef test_h300():\n    pass\n")
+    result = run(pytester, "--strict-markers")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*'h300' not found in `markers` configuration option*"])
