@@ -46,13 +46,20 @@ def _shape_record(shape: Any) -> Mapping[str, Any]:
     return record() if callable(record) else {"description": str(shape)}
 
 
+def _identity(case: Case) -> dict[str, Any]:
+    """The CaseResult fields that say which case it was."""
+    return {
+        "case_id": case.id,
+        "source": case.source,
+        "variant": case.variant,
+        "seed": case.seed,
+        "shape": _shape_record(case.shape),
+    }
+
+
 def _skipped(case: Case, reason: str, started: float) -> CaseResult:
     return CaseResult(
-        case_id=case.id,
-        source=case.source,
-        variant=case.variant,
-        seed=case.seed,
-        shape=_shape_record(case.shape),
+        **_identity(case),
         status="skip",
         skip_reason=reason,
         failures=(),
@@ -128,11 +135,7 @@ def run_case(lever: Lever, case: Case) -> CaseResult:
     if all(control.judgement is None for control in controls):
         failures.append("no negative control applies to this case, so it could not fail")
     return CaseResult(
-        case_id=case.id,
-        source=case.source,
-        variant=case.variant,
-        seed=case.seed,
-        shape=_shape_record(case.shape),
+        **_identity(case),
         status="fail" if failures else "pass",
         skip_reason=None,
         failures=tuple(failures),

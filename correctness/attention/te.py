@@ -41,16 +41,24 @@ def import_transformer_engine() -> tuple[Any, Mapping[str, Any]]:
     return te, _attention_backends
 
 
-def te_versions(te: Any) -> dict[str, Any]:
+def te_versions() -> dict[str, Any]:
+    """TE's version, the cuDNN it loaded and the flash-attn it sees (None where this TE cannot say)."""
     import transformer_engine
-    from transformer_engine.pytorch.attention.dot_product_attention.utils import FlashAttentionUtils
 
-    return {
-        "transformer_engine": transformer_engine.__version__,
-        "cudnn_runtime": ".".join(str(part) for part in te.get_cudnn_version()),
-        "flash_attn": str(FlashAttentionUtils.version),
-        "torch": torch.__version__,
-    }
+    versions: dict[str, Any] = {"transformer_engine": transformer_engine.__version__, "torch": torch.__version__}
+    try:
+        from transformer_engine.pytorch.utils import get_cudnn_version
+
+        versions["cudnn_runtime"] = ".".join(str(part) for part in get_cudnn_version())
+    except (ImportError, AttributeError):
+        versions["cudnn_runtime"] = None
+    try:
+        from transformer_engine.pytorch.attention.dot_product_attention.utils import FlashAttentionUtils
+
+        versions["flash_attn"] = str(FlashAttentionUtils.version)
+    except (ImportError, AttributeError):
+        versions["flash_attn"] = None
+    return versions
 
 
 @contextlib.contextmanager
@@ -133,5 +141,5 @@ class TransformerEngine:
             tensors={"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad},
             backend=f"te-{ran}" + (f" ({sub['fused_attention_backend']})" if ran == "fused" else ""),
             details={"requested": self.backend, "ran": ran, **sub, "mask_type": mask_type,
-                     "window_size": list(window), **te_versions(te)},
+                     "window_size": list(window), **te_versions()},
         )
