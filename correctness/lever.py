@@ -6,7 +6,7 @@ A path is any object with a `name` and a `run(inputs) -> PathOutput`. Inputs are
 lever's cases make; the harness never looks inside them.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path as FilePathType
 from typing import Any, Protocol
@@ -50,6 +50,15 @@ class Mutated:
         )
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """Inputs that arrive in units (one parameter, or one block of rows of it, at a time), for
+    levers too large to hold whole. Every path runs on each unit in turn; a unit's outputs are
+    pieces of the lever's tensors, consecutive along their first dimension, compared as wholes."""
+
+    units: Iterable[Any]
+
+
 def always_applies(case: "Case") -> str | None:
     return None
 
@@ -67,7 +76,8 @@ class Control:
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
-    """One seeded set of inputs at one shape. `make_inputs(device)` builds them when the case runs."""
+    """One seeded set of inputs at one shape. `make_inputs(device)` builds them when the case runs
+    (the inputs themselves, or `Streamed` units of them)."""
 
     id: str
     shape: Any  # a frozen dataclass describing the shape; recorded with the result
@@ -81,9 +91,10 @@ class Case:
 @dataclass(frozen=True, kw_only=True)
 class LeverOptions:
     """What a user chooses at run time, handed to lever factories: the folder of captured
-    checkpoint inputs, if any."""
+    attention inputs and the model's Hugging Face checkpoint, where given."""
 
     checkpoint_dir: FilePathType | None = None
+    model_checkpoint: FilePathType | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +122,11 @@ class Lever:
     controls: tuple[Control, ...]
     rule: Rule = DEFAULT_RULE
     rule_reason: str | None = None  # required where `rule` differs from the default
+    # Informational references (e.g. FP64 with FP32-rounded hyperparameters): the candidate's and
+    # the default's errors against each are recorded, never judged.
+    secondary_references: tuple[Path, ...] = ()
+    # Lever-specific figures computed from a finished case (e.g. errors pooled per device share).
+    summarize: Callable[["CaseResult"], Mapping[str, Any]] | None = None
 
     def __post_init__(self):
         if self.rule != DEFAULT_RULE and not self.rule_reason:

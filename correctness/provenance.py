@@ -34,6 +34,8 @@ def cpu_model() -> str:
 
 
 def device_description(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return {"type": "cuda", "name": None, "available": False}
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         properties = torch.cuda.get_device_properties(index)

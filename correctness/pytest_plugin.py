@@ -13,7 +13,8 @@ every case of every lever returned. Each lever's cases are gathered into one JSO
 written under --results-dir, and a verdict table per lever is printed at the end.
 
 Hardware markers skip (never fail) where the machine lacks what they name:
-gpu (any CUDA device), h100 / h200 (that GPU), te (a usable Transformer Engine).
+gpu (any CUDA device), h100 / h200 (that GPU), te (a usable Transformer Engine), megatron (a
+usable megatron-core).
 """
 
 import datetime
@@ -31,6 +32,7 @@ from correctness.report import case_report, verdict_table
 from correctness.results import CaseResult, write_record
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
+MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
 GPU_MARKERS = {"h100": "H100", "h200": "H200"}
 MARKERS = {
     "levers(factory=...)": "parametrise (lever, case) over the levers factory(LeverOptions) returns",
@@ -38,6 +40,7 @@ MARKERS = {
     "h100": "needs an NVIDIA H100 (the recipe's GPU); skips elsewhere",
     "h200": "needs an NVIDIA H200 (the recipe's GPU); skips elsewhere",
     "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
+    "megatron": "needs a usable megatron-core; skips with the reason where it is missing",
 }
 
 
@@ -49,6 +52,11 @@ def pytest_addoption(parser):
         default=None,
         help=f"folder of captured attention inputs for the checkpoint cases (or set {CHECKPOINT_ENV})",
     )
+    group.addoption(
+        "--model-checkpoint",
+        default=None,
+        help=f"the model's Hugging Face checkpoint folder, for checkpoint weights (or set {MODEL_CHECKPOINT_ENV})",
+    )
 
 
 def pytest_configure(config):
@@ -59,7 +67,10 @@ def pytest_configure(config):
 
 def lever_options(config) -> LeverOptions:
     folder = config.getoption("checkpoint_cases") or os.environ.get(CHECKPOINT_ENV)
-    return LeverOptions(checkpoint_dir=FilePath(folder) if folder else None)
+    model = config.getoption("model_checkpoint") or os.environ.get(MODEL_CHECKPOINT_ENV)
+    return LeverOptions(
+        checkpoint_dir=FilePath(folder) if folder else None, model_checkpoint=FilePath(model) if model else None
+    )
 
 
 def pytest_generate_tests(metafunc):
@@ -90,6 +101,11 @@ def _missing_hardware(item) -> str | None:
             import transformer_engine.pytorch  # noqa: F401
         except Exception as error:
             return f"Transformer Engine is not usable here: {type(error).__name__}: {error}"
+    if "megatron" in names:
+        try:
+            import megatron.core  # noqa: F401
+        except Exception as error:
+            return f"megatron-core is not usable here: {type(error).__name__}: {error}"
     return None
 
 

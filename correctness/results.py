@@ -82,6 +82,8 @@ class CaseResult:
     nondeterministic_tensors: tuple[str, ...]
     default_repeat: Judgement | None  # positive control: the default judged as a candidate
     controls: tuple[ControlResult, ...]
+    secondary: tuple[Judgement, ...]  # the candidate against each secondary reference (not judged)
+    summary: Mapping[str, Any]  # the lever's own figures for the case
     seconds: float
 
 

@@ -288,7 +288,7 @@ def case_result(status: str) -> CaseResult:
         case_id=f"toy-{status}", source="synthetic", variant="uniform", seed=0, shape={}, status=status,
         skip_reason="skipped" if status == "skip" else None, failures=("failed",) if status == "fail" else (),
         reference=None, default=None, candidate=None, candidate_repeat=None, deterministic=None,
-        nondeterministic_tensors=(), default_repeat=None, controls=(), seconds=0.0,
+        nondeterministic_tensors=(), default_repeat=None, controls=(), secondary=(), summary={}, seconds=0.0,
     )
 
 

@@ -1,0 +1,286 @@
+"""The optimizer-offload lever: Megatron's CPU optimizer offload at the recipe's fraction F against
+fraction 1.0 (every parameter on the CPU's torch AdamW) and an FP64 reference.
+
+The parameters are TP rank 0's slices of the first layer of each attention kind (Gemma-4-31B:
+layers 0 and 5) and of the embedding's first EMBEDDING_ROWS rows, as the Gemma recipe's component
+test takes them. Three steps at the recipe's schedule (iterations 1-3: lr 0, then warmup), with
+seeded gradients at given pre-clip norms; every tensor's master, update, BF16 weights and moments
+are compared, streamed one block of rows at a time so that the recipe scale fits a small machine.
+
+Tiers: "cpu" (smoke scale: the GPU share on an eager AdamW with TE FusedAdam's FP32 arithmetic),
+the recipe's GPU ("h100": recipe scale, the GPU share on TE FusedAdam) and "megatron" (Megatron's
+own HybridDeviceOptimizer on the whole inventory). Negative controls: no bias correction, BF16
+masters (each on both shares), and no gradient clipping.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from correctness.fixtures import recipe_path
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path, Streamed
+from correctness.models import ModelFacts, load_model
+from correctness.optimizer.config import OptimizerConfig, optimizer_config
+from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
+from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
+from correctness.optimizer.paths import (
+    QUANTITIES,
+    EagerAdamW,
+    Fp64AdamW,
+    OffloadSplit,
+    TeFusedAdam,
+    TorchAdamW,
+)
+from correctness.optimizer.slices import RECIPE, SMOKE, ParamScale, ParamSlice, load_slice, param_slices, synthetic_slice
+from correctness.optimizer.split import CPU, GPU, offload_split
+from correctness.recipes import Recipe, load_recipe
+from correctness.results import CaseResult
+
+NAME = "optimizer-offload"
+VERSION = 1
+EMBEDDING_ROWS = 8192  # the Gemma recipe's component test slices embedding rows 0-8,191
+TP_RANK = 0
+SYNTHETIC_SEED = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadShape:
+    """What one case updates: the slices, their split at the fraction, and the steps."""
+
+    model: str
+    scale: str
+    tp_size: int
+    tp_rank: int
+    layers: tuple[int, ...]
+    embedding_rows: int
+    fraction: float
+    tensors: int
+    parameters: int
+    gpu_parameters: int
+    gpu_tensors: tuple[str, ...]
+    steps: int
+    preclip_norms: tuple[float, ...]
+
+    @property
+    def id(self) -> str:
+        layers = "+".join(f"{layer}" for layer in self.layers)
+        return (
+            f"{self.model}-tp{self.tp_size}r{self.tp_rank}-layers{layers}-emb{self.embedding_rows}-{self.scale}"
+            f"-f{self.fraction:g}-{self.steps}steps"
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, **asdict(self), "gpu_share": self.gpu_parameters / self.parameters}
+
+
+def first_layer_of_each_kind(model: ModelFacts) -> tuple[int, ...]:
+    return tuple(sorted(model.layers_of_kind(kind)[0] for kind in model.attention_kinds))
+
+
+def recipe_slices(recipe: Recipe, model: ModelFacts, scale: ParamScale) -> tuple[ParamSlice, ...]:
+    return param_slices(
+        model, tp=recipe.tp, tp_rank=TP_RANK, layers=first_layer_of_each_kind(model),
+        embedding_rows=EMBEDDING_ROWS, scale=scale,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadSetting:
+    """A recipe's offload lever at one scale: its optimizer settings, slices and their split."""
+
+    recipe: Recipe
+    model: ModelFacts
+    scale: ParamScale
+    config: OptimizerConfig
+    slices: tuple[ParamSlice, ...]
+    shares: Mapping[str, str]
+
+    @property
+    def fraction(self) -> float:
+        return self.config.offload_fraction
+
+
+def offload_setting(recipe_id: str, scale: ParamScale) -> OffloadSetting:
+    recipe = load_recipe(recipe_path(recipe_id))
+    model = load_model(recipe.model)
+    config = optimizer_config(recipe)
+    slices = recipe_slices(recipe, model, scale)
+    return OffloadSetting(
+        recipe=recipe, model=model, scale=scale, config=config, slices=slices,
+        shares=offload_split(slices, config.offload_fraction),
+    )
+
+
+def offload_shape(setting: OffloadSetting, preclip_norms: tuple[float, ...]) -> OffloadShape:
+    on_gpu = [p for p in setting.slices if setting.shares[p.name] == GPU]
+    return OffloadShape(
+        model=setting.model.short_name, scale=setting.scale.name, tp_size=setting.recipe.tp, tp_rank=TP_RANK,
+        layers=first_layer_of_each_kind(setting.model), embedding_rows=EMBEDDING_ROWS,
+        fraction=setting.fraction, tensors=len(setting.slices), parameters=sum(p.numel for p in setting.slices),
+        gpu_parameters=sum(p.numel for p in on_gpu), gpu_tensors=tuple(p.name for p in on_gpu),
+        steps=len(preclip_norms), preclip_norms=preclip_norms,
+    )
+
+
+def offload_cases(setting: OffloadSetting, options: LeverOptions, whole: bool) -> tuple[Case, ...]:
+    """A synthetic-weights case, and a checkpoint-weights case (recipe scale, with a checkpoint).
+    Inputs are streamed unit by unit, or held whole (`whole`) for a path that needs every parameter."""
+    shape = offload_shape(setting, DEFAULT_PRECLIP_NORMS)
+
+    def inputs(weights) -> Streamed | WholeInventory:
+        units = optimizer_units(
+            setting.slices, seed=SYNTHETIC_SEED, preclip_norms=DEFAULT_PRECLIP_NORMS, weights=weights,
+            config=setting.config,
+        )
+        return WholeInventory(units=tuple(units)) if whole else Streamed(units=units)
+
+    checkpoint = options.model_checkpoint
+    return (
+        Case(
+            id=f"{shape.id}-synthetic-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="synthetic",
+            variant="synthetic-weights",
+            make_inputs=lambda device: inputs(lambda param: synthetic_slice(param, SYNTHETIC_SEED)),
+        ),
+        Case(
+            id=f"{shape.id}-checkpoint-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="checkpoint",
+            variant="checkpoint-weights",
+            make_inputs=lambda device: inputs(lambda param: load_slice(checkpoint, param)),
+            skip_reason=None if checkpoint is not None and setting.scale == RECIPE
+            else "checkpoint weights run at the recipe scale with a model checkpoint"
+            " (--model-checkpoint DIR or CORRECTNESS_MODEL_CHECKPOINT)",
+        ),
+    )
+
+
+def _pooled(judgements: list[Any], names: set[str], quantity: str) -> dict[str, Any]:
+    """Errors of several tensors pooled as one: sqrt(sum of squared errors) / sqrt(sum of ||ref||^2)."""
+    chosen = [t for t in judgements if t.tensor.split(":")[0] in names and t.tensor.endswith(f":{quantity}")]
+    if not chosen:
+        return {}
+    reference = math.sqrt(sum(t.reference_norm**2 for t in chosen)) or 1.0
+    error = math.sqrt(sum((t.error * t.reference_norm) ** 2 for t in chosen)) / reference
+    default = math.sqrt(sum((t.default_error * t.reference_norm) ** 2 for t in chosen)) / reference
+    ratios = [t.ratio for t in chosen if t.ratio is not None]
+    return {
+        "error": error,
+        "default_error": default,
+        "ratio": error / default if default > 0 else None,
+        "tensor_ratios": [min(ratios), max(ratios)] if ratios else None,
+        "bitwise_identical": all(t.bitwise_identical for t in chosen),
+    }
+
+
+def share_summary(shares: Mapping[str, str], numel: Mapping[str, int]):
+    """The lever's summary: per share, the pooled errors of each quantity, the bitwise identity of
+    the CPU share with the default, the tensors that pass only on the slack, and the errors against
+    the FP64 reference with FP32-rounded hyperparameters."""
+
+    def summarize(case: CaseResult) -> dict[str, Any]:
+        summary: dict[str, Any] = {}
+        for share in (CPU, GPU):
+            names = {name for name, side in shares.items() if side == share}
+            if not names:
+                continue
+            tensors = list(case.candidate.tensors)
+            entry: dict[str, Any] = {
+                "tensors": len(names),
+                "parameters": sum(numel[n] for n in names),
+                "quantities": {q: _pooled(tensors, names, q) for q in QUANTITIES},
+                "bitwise_identical_to_default": all(
+                    t.bitwise_identical for t in tensors if t.tensor.split(":")[0] in names
+                ),
+                "slack_only": [t.tensor for t in tensors if t.slack_only and t.tensor.split(":")[0] in names],
+            }
+            for secondary in case.secondary:
+                entry[f"against {secondary.run.path}"] = {
+                    q: _pooled(list(secondary.tensors), names, q) for q in QUANTITIES
+                }
+            summary[share] = entry
+        return summary
+
+    return summarize
+
+
+def unclipped(unit: OptimizerUnit) -> OptimizerUnit:
+    return unit.with_config(clip_grad=math.inf)
+
+
+def offload_lever(
+    setting: OffloadSetting, *, tier: str, device: str, options: LeverOptions, device_share: Path,
+    no_bias_correction: Path, bf16_masters: Path,
+) -> Lever:
+    """The streamed lever: the candidate splits the parameters as Megatron does and runs each share's
+    optimizer (`device_share` on the GPU share); the controls swap in wrong optimizers per share."""
+    fraction, shares = setting.fraction, setting.shares
+    candidate = OffloadSplit(fraction=fraction, shares=shares, cpu=TorchAdamW(), device=device_share)
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, description=describe(setting), recipe=setting.recipe.ref,
+        device=device, cases=offload_cases(setting, options, whole=False), candidate=candidate,
+        default=TorchAdamW(), reference=Fp64AdamW(),
+        controls=(
+            Control(name="no bias correction", path=OffloadSplit(
+                fraction=fraction, shares=shares, cpu=EagerAdamW(bias_correction=False), device=no_bias_correction)),
+            Control(name="BF16 masters", path=OffloadSplit(
+                fraction=fraction, shares=shares, cpu=EagerAdamW(master=torch.bfloat16), device=bf16_masters)),
+            Control(name="no clipping", path=Mutated(base=candidate, mutation="gradients not clipped", mutate=unclipped)),
+        ),
+        secondary_references=(Fp64AdamW(fp32_hyperparameters=True),),
+        summarize=share_summary(shares, {p.name: p.numel for p in setting.slices}),
+    )
+
+
+def describe(setting: OffloadSetting) -> str:
+    return (
+        f"CPU optimizer offload at fraction {setting.fraction:g} against 1.0 and an FP64 reference:"
+        f" {len(setting.slices)} tensors, {len(DEFAULT_PRECLIP_NORMS)} steps"
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
+    """On the CPU (smoke scale in CI; the benchmark runs it at the recipe scale): the GPU share on an
+    eager AdamW with TE FusedAdam's FP32 arithmetic."""
+    return [
+        offload_lever(
+            offload_setting(recipe_id, scale), tier="cpu", device="cpu", options=options,
+            device_share=EagerAdamW(), no_bias_correction=EagerAdamW(bias_correction=False),
+            bf16_masters=EagerAdamW(master=torch.bfloat16),
+        )
+    ]
+
+
+def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """Recipe scale on the recipe's GPU: the GPU share on TE FusedAdam."""
+    setting = offload_setting(recipe_id, RECIPE)
+    return [
+        offload_lever(
+            setting, tier=setting.recipe.gpu.lower(), device="cuda", options=options,
+            device_share=TeFusedAdam(), no_bias_correction=TeFusedAdam(bias_correction=False),
+            bf16_masters=TeFusedAdam(master=torch.bfloat16),
+        )
+    ]
+
+
+def megatron_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
+    """Megatron's own HybridDeviceOptimizer (GPU, TE and megatron-core) on the whole inventory; its
+    controls are the same optimizer with bias correction off (on its GPU share), with BF16 masters,
+    and without clipping."""
+    setting = offload_setting(recipe_id, scale)
+    candidate = MegatronHybrid(fraction=setting.fraction)
+    return [
+        Lever(
+            name=NAME, version=VERSION, tier="megatron", description=describe(setting), recipe=setting.recipe.ref,
+            device="cuda", cases=offload_cases(setting, options, whole=True), candidate=candidate,
+            default=AllUnits(TorchAdamW()), reference=AllUnits(Fp64AdamW()),
+            controls=(
+                Control(name="no bias correction", path=MegatronHybrid(setting.fraction, bias_correction=False)),
+                Control(name="BF16 masters", path=MegatronHybrid(setting.fraction, fp32_masters=False)),
+                Control(name="no clipping", path=Mutated(
+                    base=candidate, mutation="gradients not clipped", mutate=lambda whole: whole.mutated(unclipped))),
+            ),
+            secondary_references=(AllUnits(Fp64AdamW(fp32_hyperparameters=True)),),
+            summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
+        )
+    ]
