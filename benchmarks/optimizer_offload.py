@@ -21,7 +21,7 @@ from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
 from correctness.optimizer.slices import PARAM_SCALES
 from correctness.report import verdict_table
-from correctness.results import write_record
+from correctness.results import record_to_json, write_record
 
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 GOALS = {"peak_gb": 12.0, "seconds": 600.0}
@@ -63,7 +63,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures, indent=1))
     else:
-        print("\n".join(verdict_table(record)))
+        print("\n".join(verdict_table(record_to_json(record))))
         for key, value in figures.items():
             print(f"{key}: {value}")
     return 0 if record.verdict == "pass" else 1

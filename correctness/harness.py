@@ -211,6 +211,7 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "default": lever.default.name,
         "reference": lever.reference.name,
         "controls": [control.name for control in lever.controls],
+        "cases": [case.id for case in lever.cases],
         "rule": {"factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason},
     }
 

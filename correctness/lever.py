@@ -91,10 +91,12 @@ class Case:
 @dataclass(frozen=True, kw_only=True)
 class LeverOptions:
     """What a user chooses at run time, handed to lever factories: the folder of captured
-    attention inputs and the model's Hugging Face checkpoint, where given."""
+    attention inputs and the model's Hugging Face checkpoint, where given, and a recipe file to take
+    shapes from in place of the fixture recipe of the same model and GPU."""
 
     checkpoint_dir: FilePathType | None = None
     model_checkpoint: FilePathType | None = None
+    recipe: Any = None  # a user's recipe (correctness.recipes.Recipe) standing in for the fixture of its model and GPU
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +114,7 @@ class Lever:
     name: str  # "attention-backend": one per lever, stable; records are keyed by it
     version: int  # bump when the method changes so that older records are not mixed in
     tier: str  # "cpu", "gpu" or a recipe GPU type such as "h100"
-    description: str
+    description: str  # one sentence naming what is compared, as a recipe's component test names it
     recipe: RecipeRef
     device: str  # the torch device the tier runs on: "cpu" or "cuda"
     cases: tuple[Case, ...]

@@ -19,7 +19,9 @@ usable megatron-core).
 
 import datetime
 import os
+import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 
@@ -29,7 +31,8 @@ import torch
 from correctness.harness import build_record, run_case
 from correctness.lever import Case, Lever, LeverOptions
 from correctness.report import case_report, verdict_table
-from correctness.results import CaseResult, write_record
+from correctness.recipes import load_recipe
+from correctness.results import CaseResult, merge_records, read_record, record_to_json, write_record
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
@@ -41,6 +44,7 @@ MARKERS = {
     "h200": "needs an NVIDIA H200 (the recipe's GPU); skips elsewhere",
     "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
     "megatron": "needs a usable megatron-core; skips with the reason where it is missing",
+    "correctness_other_recipe": "internal: a lever test of another recipe than --recipe's (deselected)",
 }
 
 
@@ -53,6 +57,11 @@ def pytest_addoption(parser):
         help=f"folder of captured attention inputs for the checkpoint cases (or set {CHECKPOINT_ENV})",
     )
     group.addoption(
+        "--recipe",
+        default=None,
+        help="run the levers of this recipe file's model and GPU only, with shapes taken from it",
+    )
+    group.addoption(
         "--model-checkpoint",
         default=None,
         help=f"the model's Hugging Face checkpoint folder, for checkpoint weights (or set {MODEL_CHECKPOINT_ENV})",
@@ -63,13 +72,26 @@ def pytest_configure(config):
     for marker, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {meaning}")
     config.stash[_RUNS] = {}
+    worker = getattr(config, "workerinput", None)  # set in pytest-xdist workers
+    config.stash[_RUN_TOKEN] = worker["correctness_run"] if worker else uuid.uuid4().hex
+    if worker and torch.cuda.is_available():
+        torch.cuda.set_device(int(worker["workerid"].removeprefix("gw")) % torch.cuda.device_count())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: every worker writes its part of a lever's record under this run's token."""
+    node.workerinput["correctness_run"] = node.config.stash[_RUN_TOKEN]
 
 
 def lever_options(config) -> LeverOptions:
     folder = config.getoption("checkpoint_cases") or os.environ.get(CHECKPOINT_ENV)
     model = config.getoption("model_checkpoint") or os.environ.get(MODEL_CHECKPOINT_ENV)
+    recipe = config.getoption("recipe")
     return LeverOptions(
-        checkpoint_dir=FilePath(folder) if folder else None, model_checkpoint=FilePath(model) if model else None
+        checkpoint_dir=FilePath(folder) if folder else None,
+        model_checkpoint=FilePath(model) if model else None,
+        recipe=load_recipe(recipe) if recipe else None,
     )
 
 
@@ -79,10 +101,27 @@ def pytest_generate_tests(metafunc):
         return
     if marker.args or set(marker.kwargs) != {"factory"}:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: write the marker as levers(factory=...)")
-    levers = marker.kwargs["factory"](lever_options(metafunc.config))
+    options = lever_options(metafunc.config)
+    levers = marker.kwargs["factory"](options)
+    if options.recipe is not None:
+        wanted = (options.recipe.model, options.recipe.gpu)
+        levers = [lever for lever in levers if (lever.recipe.model, lever.recipe.gpu) == wanted]
+        if not levers:  # another recipe's test: deselected in pytest_collection_modifyitems
+            metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=_OTHER_RECIPE)], ids=["other-recipe"])
+            return
     pairs = [(lever, case) for lever in levers for case in lever.cases]
     ids = [f"{lever.candidate.name}-{case.id}" if len(levers) > 1 else case.id for lever, case in pairs]
     metafunc.parametrize(("lever", "case"), pairs, ids=ids)
+
+
+_OTHER_RECIPE = pytest.mark.correctness_other_recipe
+
+
+def pytest_collection_modifyitems(config, items):
+    other = [item for item in items if item.get_closest_marker(_OTHER_RECIPE.name)]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [item for item in items if not item.get_closest_marker(_OTHER_RECIPE.name)]
 
 
 def _missing_hardware(item) -> str | None:
@@ -125,6 +164,8 @@ class _LeverRun:
 
 _RUNS = pytest.StashKey[dict]()
 _WRITTEN = pytest.StashKey[list]()
+_RUN_TOKEN = pytest.StashKey[str]()
+PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
 
 
 @pytest.fixture
@@ -157,11 +198,30 @@ def _results_dir(config) -> FilePath:
 
 
 def pytest_sessionfinish(session):
+    """Write each lever's record. An xdist worker writes its part; the controller merges the parts."""
+    config = session.config
+    results = _results_dir(config)
+    parts = results / PARTS / config.stash[_RUN_TOKEN]
+    worker = getattr(config, "workerinput", None)
+    pieces: dict[str, list[dict]] = {}
+    for run in config.stash.get(_RUNS, {}).values():
+        data = record_to_json(build_record(run.lever, run.cases, run.started, run.seconds))
+        if worker:
+            write_record(data, results, parts / f"{run.lever.record_id}.{worker['workerid']}.json")
+        else:
+            pieces.setdefault(run.lever.record_id, []).append(data)
+    if worker:
+        return
+    if parts.is_dir():
+        for path in sorted(parts.glob("*.json")):
+            data = read_record(path)
+            pieces.setdefault(data["lever"]["record_id"], []).append(data)
+        shutil.rmtree(parts)
     written = []
-    for run in session.config.stash.get(_RUNS, {}).values():
-        record = build_record(run.lever, run.cases, run.started, run.seconds)
-        written.append((record, write_record(record, _results_dir(session.config))))
-    session.config.stash[_WRITTEN] = written
+    for part_list in pieces.values():
+        record = merge_records(part_list)
+        written.append((record, write_record(record, results)))
+    config.stash[_WRITTEN] = written
 
 
 def pytest_terminal_summary(terminalreporter, config):

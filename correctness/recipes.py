@@ -1,10 +1,21 @@
-"""Reading a training recipe (the OpenRecipes YAML format) and its training arguments."""
+"""Reading and editing a training recipe (the OpenRecipes YAML format) and its training arguments.
+
+`load_recipe` reads a recipe as plain data (PyYAML, which every training image has). Editing goes
+through ruamel.yaml's round-trip mode (`load_document`, `write_recipe`): writing back a recipe that
+was not changed gives the same bytes (comments, key order, quoting, block scalars), and a changed
+one differs only where it was changed; writes are atomic. `validate_recipe` checks a recipe against
+correctness/schema/recipe.schema.json. ruamel.yaml and jsonschema are imported only when used.
+"""
 
 import hashlib
+import io
+import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
+from importlib import resources
 from pathlib import Path as FilePath
 from typing import Any
 
@@ -103,7 +114,8 @@ class Recipe:
     def arguments(self) -> dict[str, list[list[str]]]:
         run = self.field("run")
         if not isinstance(run, str):
-            raise RecipeError(f"recipe {self.id}: field run must be a script, got {type(run).__name__}")
+            kind = "list" if isinstance(run, list) else "mapping" if isinstance(run, dict) else type(run).__name__
+            raise RecipeError(f"recipe {self.id}: field run must be a script, got {kind}")
         try:
             return training_arguments(run)
         except ValueError as error:  # shlex: an unbalanced quote
@@ -117,6 +129,74 @@ class Recipe:
     @property
     def ref(self) -> RecipeRef:
         return RecipeRef(id=self.id, model=self.model, gpu=self.gpu, sha256=self.sha256)
+
+
+def _round_trip():
+    from ruamel.yaml import YAML
+
+    round_trip = YAML()
+    round_trip.preserve_quotes = True
+    round_trip.width = 4096  # never re-wrap a long line
+    round_trip.indent(mapping=2, sequence=2, offset=0)  # the recipes' layout: "- " level with the key
+    round_trip.representer.add_representer(
+        type(None), lambda representer, _: representer.represent_scalar("tag:yaml.org,2002:null", "null")
+    )
+    return round_trip
+
+
+def load_document(path: str | FilePath) -> Any:
+    """The recipe as an editable round-trip document (ruamel.yaml), for write_recipe."""
+    from ruamel.yaml.error import YAMLError
+
+    path = FilePath(path)
+    try:
+        return _round_trip().load(path.read_text())
+    except OSError as error:
+        raise RecipeError(f"recipe {path}: cannot be read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe {path}: not UTF-8 text") from None
+    except YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        raise RecipeError(f"recipe {path}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+
+
+def recipe_text(data: Any) -> str:
+    """The YAML text of a document from load_document (unchanged document: the same bytes)."""
+    out = io.StringIO()
+    _round_trip().dump(data, out)
+    return out.getvalue()
+
+
+def write_recipe(path: str | FilePath, data: Any) -> None:
+    """Replace the recipe file atomically (a temporary file beside it, then a rename), keeping its mode."""
+    path = FilePath(path)
+    text = recipe_text(data)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        if path.exists():
+            os.chmod(temporary, path.stat().st_mode & 0o7777)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+@cache
+def recipe_schema() -> dict[str, Any]:
+    return json.loads(resources.files("correctness.schema").joinpath("recipe.schema.json").read_text())
+
+
+def validate_recipe(data: Any, name: str) -> None:
+    """Raise RecipeError naming the first field of recipe data that does not fit the recipe schema."""
+    import jsonschema
+
+    document = json.loads(json.dumps(data, default=str))  # dates as ISO strings
+    validator = jsonschema.Draft202012Validator(recipe_schema(), format_checker=jsonschema.FormatChecker())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise RecipeError(f"recipe {name}: {where}: {error.message}")
 
 
 def load_recipe(path: str | FilePath) -> Recipe:
@@ -142,3 +222,14 @@ def load_recipe(path: str | FilePath) -> Recipe:
         else path.stem
     )
     return Recipe(id=recipe_id, path=path, data=data, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def lever_recipe(recipe_id: str, stand_in: Recipe | None = None) -> Recipe:
+    """The fixture recipe a lever module names, or a user's recipe standing in for it where both are
+    for the same model and GPU (`correctness run RECIPE`: shapes then come from the user's file)."""
+    from correctness.fixtures import recipe_path
+
+    fixture = load_recipe(recipe_path(recipe_id))
+    if stand_in is not None and (stand_in.model, stand_in.gpu) == (fixture.model, fixture.gpu):
+        return stand_in
+    return fixture

@@ -1,70 +1,75 @@
 """Plain-text reports: the verdict table of a lever run, and the full report of a failed case."""
 
+import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from correctness.results import CaseResult, Judgement, LeverRecord
+from correctness.results import CaseResult
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart, the header first."""
     rows = [list(header)] + [list(row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def _ratio_range(judgement: Judgement) -> str:
-    ratios = [t.ratio for t in judgement.tensors if t.ratio is not None]
-    if not ratios:
-        return "-"
-    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+def _worst(tensors: list[dict[str, Any]]) -> str:
+    worst = max(tensors, key=lambda t: math.inf if t["error_over_bound"] is None else t["error_over_bound"])
+    figure = "nan" if worst["error_over_bound"] is None else f"{worst['error_over_bound']:.2f}"
+    return f"{figure} ({worst['tensor']})"
 
 
-def _worst(judgement: Judgement) -> str:
-    worst = judgement.worst
-    return f"{worst.error_over_bound:.2f} ({worst.tensor})"
+def _ratio_range(tensors: list[dict[str, Any]]) -> str:
+    ratios = [t["ratio"] for t in tensors if t["ratio"] is not None]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
 
 
-def _control_cell(case: CaseResult, name: str) -> str:
-    for control in case.controls:
-        if control.name == name:
-            if control.judgement is None:
+def _control_cell(case: dict[str, Any], name: str) -> str:
+    for control in case["controls"]:
+        if control["name"] == name:
+            if not control["applies"]:
                 return "n/a"
-            return f"{control.power:.2f}" + ("" if control.fails_bound else " PASSES")
+            power = "nan" if control["power"] is None else f"{control['power']:.2f}"
+            return power + ("" if control["fails_bound"] else " PASSES")
     return "-"
 
 
-def verdict_table(record: LeverRecord) -> list[str]:
-    """One line for the lever, then a row per case. Figures are error/bound (over 1 fails):
-    the candidate's worst tensor, and each negative control's (which must be over 1)."""
-    lever = record.lever
+def verdict_table(record: dict[str, Any]) -> list[str]:
+    """One line for the lever, then a row per case, from a record in its JSON form. Figures are
+    error/bound (over 1 fails): the candidate's worst tensor, and each negative control's (which
+    must be over 1)."""
+    lever = record["lever"]
     lines = [
         f"{lever['name']} [{lever['tier']}] {lever['candidate']} vs {lever['default']}"
-        f" · recipe {record.recipe.id} · {record.verdict.upper()}"
+        f" · recipe {record['recipe']['id']} · {record['verdict'].upper()}"
     ]
     control_names = list(lever["controls"])
     header = ["case", "result", "candidate ran", "err/bound", "err/default", "bitwise", "repeat", "default x2"]
     header += [f"{name} err/bound" for name in control_names]
     rows = []
     skipped: dict[str, int] = {}
-    for case in record.cases:
-        if case.status == "skip":
-            rows.append([case.case_id, "skip"] + [""] * (len(header) - 2))
-            skipped[case.skip_reason or ""] = skipped.get(case.skip_reason or "", 0) + 1
+    for case in record["cases"]:
+        if case["status"] == "skip":
+            rows.append([case["case_id"], "skip"] + [""] * (len(header) - 2))
+            skipped[case["skip_reason"] or ""] = skipped.get(case["skip_reason"] or "", 0) + 1
             continue
-        bitwise = [t.bitwise_identical for t in case.candidate.tensors]
+        tensors = case["candidate"]["tensors"]
+        bitwise = [t["bitwise_identical"] for t in tensors]
         rows.append(
             [
-                case.case_id,
-                case.status,
-                case.candidate.run.backend,
-                _worst(case.candidate),
-                _ratio_range(case.candidate),
+                case["case_id"],
+                case["status"],
+                case["candidate"]["run"]["backend"],
+                _worst(tensors),
+                _ratio_range(tensors),
                 "all" if all(bitwise) else ("some" if any(bitwise) else "no"),
-                "deterministic" if case.deterministic else "CHANGED " + ",".join(case.nondeterministic_tensors),
-                "pass" if case.default_repeat.passes else "FAIL",
+                "deterministic" if case["deterministic"] else "CHANGED " + ",".join(case["nondeterministic_tensors"]),
+                "pass" if case["default_repeat"]["passes"] else "FAIL",
             ]
             + [_control_cell(case, name) for name in control_names]
         )
-    lines += ["  " + line for line in _table(header, rows)]
+    lines += ["  " + line for line in format_table(header, rows)]
     return lines + [f"  skipped ({count}): {reason}" for reason, count in skipped.items()]
 
 
@@ -84,4 +89,4 @@ def case_report(lever_name: str, case: CaseResult) -> str:
             rows.append([role, judgement.run.backend, t.tensor, f"{t.error:.3e}", f"{t.default_error:.3e}",
                          f"{t.bound:.3e}", f"{t.error_over_bound:.2f}", f"{t.bias:+.1e}",
                          "yes" if t.slack_only else "", "yes" if t.bitwise_identical else ""])
-    return "\n".join(lines + ["  " + line for line in _table(header, rows)])
+    return "\n".join(lines + ["  " + line for line in format_table(header, rows)])

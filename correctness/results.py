@@ -136,11 +136,17 @@ def record_to_json(record: LeverRecord) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **_jsonable(record)}
 
 
-def write_record(record: LeverRecord, results_dir: FilePath) -> FilePath:
-    """Write the record atomically to results_dir/<recipe id>/<record id>.json; return its path."""
-    target = FilePath(results_dir) / record.recipe.id / f"{record.lever['record_id']}.json"
+def record_path(data: Mapping[str, Any], results_dir: FilePath) -> FilePath:
+    return FilePath(results_dir) / data["recipe"]["id"] / f"{data['lever']['record_id']}.json"
+
+
+def write_record(record: LeverRecord | Mapping[str, Any], results_dir: FilePath, target: FilePath | None = None) -> FilePath:
+    """Write a record (or its JSON form) atomically, by default to
+    results_dir/<recipe id>/<record id>.json; return its path."""
+    data = record_to_json(record) if isinstance(record, LeverRecord) else record
+    target = target or record_path(data, results_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record_to_json(record), indent=1, allow_nan=False) + "\n"
+    text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open(temporary, "w") as out:  # created with the user's umask (mkstemp would make it 0600)
@@ -150,6 +156,28 @@ def write_record(record: LeverRecord, results_dir: FilePath) -> FilePath:
         temporary.unlink(missing_ok=True)
         raise
     return target
+
+
+def merge_records(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One record from the parts several processes wrote for the same lever run (pytest-xdist):
+    the cases in the lever's declared order, the verdict recomputed, the times spanned."""
+    first = parts[0]
+    order = {case_id: index for index, case_id in enumerate(first["lever"]["cases"])}
+    cases = sorted((case for part in parts for case in part["cases"]), key=lambda case: order[case["case_id"]])
+    statuses = {case["status"] for case in cases}
+    provenance = dict(first["provenance"])
+    devices = [part["provenance"]["device"] for part in parts]
+    if len(parts) > 1:
+        provenance["workers"] = devices
+    return {
+        **first,
+        "verdict": "fail" if "fail" in statuses else ("pass" if "pass" in statuses else "skip"),
+        "cases": cases,
+        "provenance": provenance,
+        "started": min(part["started"] for part in parts),
+        "finished": max(part["finished"] for part in parts),
+        "seconds": sum(part["seconds"] for part in parts),
+    }
 
 
 def read_record(path: FilePath) -> dict[str, Any]:

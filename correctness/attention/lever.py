@@ -20,10 +20,9 @@ from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, syn
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
-from correctness.fixtures import recipe_path
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path
 from correctness.models import ModelFacts, load_model
-from correctness.recipes import Recipe, load_recipe
+from correctness.recipes import Recipe, lever_recipe
 from correctness.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
 
 NAME = "attention-backend"
@@ -123,13 +122,14 @@ def controls(candidate: Path) -> tuple[Control, ...]:
 
 
 def attention_backend_lever(
-    *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Path, default: Path, options: LeverOptions
+    *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Path, default: Path, options: LeverOptions,
+    description: str,
 ) -> Lever:
     return Lever(
         name=NAME,
         version=VERSION,
         tier=tier,
-        description=f"{candidate.name} against {default.name} and an FP64 reference, forward and backward",
+        description=description,
         recipe=recipe.ref,
         device=device,
         cases=attention_cases(recipe, load_model(recipe.model), scale, options),
@@ -142,22 +142,24 @@ def attention_backend_lever(
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Smoke scale on the CPU: SDPA's flash CPU kernel (FP32 logits) against the eager unfused path."""
-    recipe = load_recipe(recipe_path(recipe_id))
+    recipe = lever_recipe(recipe_id, options.recipe)
     return [
         attention_backend_lever(
             recipe=recipe, tier="cpu", scale=SMOKE_SCALE, device="cpu",
             candidate=Sdpa("flash"), default=EagerUnfused(), options=options,
+            description="torch SDPA's flash CPU kernel against an eager unfused attention and an FP64 reference",
         )
     ]
 
 
 def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Recipe scale on any CUDA GPU without TE: each fused SDPA backend against the eager path."""
-    recipe = load_recipe(recipe_path(recipe_id))
+    recipe = lever_recipe(recipe_id, options.recipe)
     return [
         attention_backend_lever(
             recipe=recipe, tier="gpu", scale=RECIPE_SCALE, device="cuda",
             candidate=Sdpa(backend), default=EagerUnfused(), options=options,
+            description=f"torch SDPA's {backend} backend against an eager unfused attention and an FP64 reference",
         )
         for backend in GPU_SDPA_BACKENDS
     ]
@@ -165,10 +167,11 @@ def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Recipe scale on the recipe's GPU: TE's auto backend against TE forced to unfused."""
-    recipe = load_recipe(recipe_path(recipe_id))
+    recipe = lever_recipe(recipe_id, options.recipe)
     return [
         attention_backend_lever(
             recipe=recipe, tier=recipe.gpu.lower(), scale=RECIPE_SCALE, device="cuda",
             candidate=TransformerEngine("auto"), default=TransformerEngine("unfused"), options=options,
+            description="TE's auto attention backend against its unfused attention and an FP64 reference",
         )
     ]

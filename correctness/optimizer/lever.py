@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from correctness.fixtures import recipe_path
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path, Streamed
 from correctness.models import ModelFacts, load_model
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
@@ -36,7 +35,7 @@ from correctness.optimizer.paths import (
 )
 from correctness.optimizer.slices import RECIPE, SMOKE, ParamScale, ParamSlice, load_slice, param_slices, synthetic_slice
 from correctness.optimizer.split import CPU, GPU, offload_split
-from correctness.recipes import Recipe, load_recipe
+from correctness.recipes import Recipe, lever_recipe
 from correctness.results import CaseResult
 
 NAME = "optimizer-offload"
@@ -55,12 +54,14 @@ class OffloadShape:
     tp_size: int
     tp_rank: int
     layers: tuple[int, ...]
+    layer_kinds: tuple[str, ...]
     embedding_rows: int
     fraction: float
     tensors: int
     parameters: int
     gpu_parameters: int
     gpu_tensors: tuple[str, ...]
+    norm_tensors: int  # 1-D tensors (norm gains) among the slices
     steps: int
     preclip_norms: tuple[float, ...]
 
@@ -103,8 +104,8 @@ class OffloadSetting:
         return self.config.offload_fraction
 
 
-def offload_setting(recipe_id: str, scale: ParamScale) -> OffloadSetting:
-    recipe = load_recipe(recipe_path(recipe_id))
+def offload_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) -> OffloadSetting:
+    recipe = lever_recipe(recipe_id, options.recipe)
     model = load_model(recipe.model)
     config = optimizer_config(recipe)
     slices = recipe_slices(recipe, model, scale)
@@ -118,7 +119,9 @@ def offload_shape(setting: OffloadSetting, preclip_norms: tuple[float, ...]) -> 
     on_gpu = [p for p in setting.slices if setting.shares[p.name] == GPU]
     return OffloadShape(
         model=setting.model.short_name, scale=setting.scale.name, tp_size=setting.recipe.tp, tp_rank=TP_RANK,
-        layers=first_layer_of_each_kind(setting.model), embedding_rows=EMBEDDING_ROWS,
+        layers=first_layer_of_each_kind(setting.model),
+        layer_kinds=tuple(setting.model.layer_kind(layer) for layer in first_layer_of_each_kind(setting.model)),
+        embedding_rows=EMBEDDING_ROWS, norm_tensors=sum(1 for p in setting.slices if len(p.shape) == 1),
         fraction=setting.fraction, tensors=len(setting.slices), parameters=sum(p.numel for p in setting.slices),
         gpu_parameters=sum(p.numel for p in on_gpu), gpu_tensors=tuple(p.name for p in on_gpu),
         steps=len(preclip_norms), preclip_norms=preclip_norms,
@@ -233,10 +236,7 @@ def offload_lever(
 
 
 def describe(setting: OffloadSetting) -> str:
-    return (
-        f"CPU optimizer offload at fraction {setting.fraction:g} against 1.0 and an FP64 reference:"
-        f" {len(setting.slices)} tensors, {len(DEFAULT_PRECLIP_NORMS)} steps"
-    )
+    return f"CPU optimizer offload fraction {setting.fraction:g} against fraction 1.0 and an FP64 reference"
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
@@ -244,7 +244,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -
     eager AdamW with TE FusedAdam's FP32 arithmetic."""
     return [
         offload_lever(
-            offload_setting(recipe_id, scale), tier="cpu", device="cpu", options=options,
+            offload_setting(recipe_id, scale, options), tier="cpu", device="cpu", options=options,
             device_share=EagerAdamW(), no_bias_correction=EagerAdamW(bias_correction=False),
             bf16_masters=EagerAdamW(master=torch.bfloat16),
         )
@@ -253,7 +253,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Recipe scale on the recipe's GPU: the GPU share on TE FusedAdam."""
-    setting = offload_setting(recipe_id, RECIPE)
+    setting = offload_setting(recipe_id, RECIPE, options)
     return [
         offload_lever(
             setting, tier=setting.recipe.gpu.lower(), device="cuda", options=options,
@@ -267,7 +267,7 @@ def megatron_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMO
     """Megatron's own HybridDeviceOptimizer (GPU, TE and megatron-core) on the whole inventory; its
     controls are the same optimizer with bias correction off (on its GPU share), with BF16 masters,
     and without clipping."""
-    setting = offload_setting(recipe_id, scale)
+    setting = offload_setting(recipe_id, scale, options)
     candidate = MegatronHybrid(fraction=setting.fraction)
     return [
         Lever(

@@ -1,0 +1,155 @@
+"""Attach lever records to a recipe: each record becomes a correctness.component_tests entry.
+
+An entry for the same test and GPU is replaced in place, others are appended (a convergence check
+replaces the correctness.convergence block); every other byte of
+the recipe stays as it was (round-trip YAML), and the file is replaced atomically, only after the
+new recipe has passed the schema. A record that contradicts itself (it passes while a case failed
+or a negative control passed), belongs to another model, or was written by another version of a
+lever is refused, and the recipe is left untouched.
+"""
+
+import datetime
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path as FilePath
+from typing import Any
+
+from correctness.entries import generic_text, gpu_label
+from correctness.errors import CorrectnessError, RecipeError
+from correctness.levers import KNOWN_LEVERS
+from correctness.recipes import load_document, load_recipe, validate_recipe, write_recipe
+from correctness.results import read_record
+
+ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
+
+
+@dataclass(frozen=True)
+class Attached:
+    test: str
+    gpu: str
+    result: str
+    action: str  # "added" or "replaced"
+
+
+def record_problems(record: dict[str, Any], model: str) -> list[str]:
+    """Why a record cannot be attached to a recipe of `model`; empty where it can."""
+    problems = []
+    lever = record["lever"]
+    if record["recipe"]["model"] != model:
+        problems.append(f"it is for {record['recipe']['model']}, not {model}")
+    known = KNOWN_LEVERS.get(lever["name"])
+    if known and lever["version"] != known.version:
+        problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
+    statuses = [case["status"] for case in record["cases"]]
+    if "pass" not in statuses and "fail" not in statuses:
+        problems.append("none of its cases ran")
+    expected = "fail" if "fail" in statuses else "pass"
+    if record["verdict"] != expected:
+        problems.append(f"its verdict is {record['verdict']} but its cases say {expected}")
+    for case in record["cases"]:
+        if case["status"] != "pass":
+            continue
+        for control in case["controls"]:
+            if control["applies"] and not control["fails_bound"]:
+                problems.append(f"case {case['case_id']} passes while its control '{control['name']}' passed")
+        failing = [t["tensor"] for t in case["candidate"]["tensors"] if not t["passes"]]
+        if failing:
+            problems.append(f"case {case['case_id']} passes while its candidate fails on {failing}")
+    return problems
+
+
+def entry_text(record: dict[str, Any]) -> dict[str, str]:
+    known = KNOWN_LEVERS.get(record["lever"]["name"])
+    if known is None:
+        return generic_text(record)
+    return importlib.import_module(known.wording).entry_text(record)
+
+
+def component_test_entry(record: dict[str, Any]) -> dict[str, Any]:
+    text = entry_text(record)
+    return {
+        "test": record["lever"]["description"],
+        "shape": text["shape"],
+        "gpu": gpu_label(record),
+        "date": datetime.date.fromisoformat(record["finished"][:10]),
+        "result": record["verdict"],
+        "detail": text["detail"],
+        "note": text["note"],
+    }
+
+
+PLAIN_UNSAFE = (": ", " #")
+PLAIN_UNSAFE_START = tuple("!&*-?[]{}|>'\"%@`#,")
+
+
+def _styled(value: Any) -> Any:
+    """A string the recipes would quote goes in single quotes, as theirs do; others stay plain."""
+    from ruamel.yaml.scalarstring import SingleQuotedScalarString
+
+    if isinstance(value, str) and (any(s in value for s in PLAIN_UNSAFE) or value.startswith(PLAIN_UNSAFE_START)):
+        return SingleQuotedScalarString(value)
+    return value
+
+
+def _component_tests(document: Any, name: str) -> Any:
+    from ruamel.yaml.comments import CommentedSeq
+
+    block = document.get("correctness") if hasattr(document, "get") else None
+    if block is None:
+        raise RecipeError(f"recipe {name}: no correctness block to attach to")
+    tests = block.get("component_tests")
+    if tests is None or (isinstance(tests, list) and not tests):
+        tests = CommentedSeq()  # block style, also where the recipe had a flow-style []
+        block["component_tests"] = tests
+    return tests
+
+
+def attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], dry_run: bool = False) -> list[Attached]:
+    """Attach every record (all or none) and write the recipe once; return what was done."""
+    from ruamel.yaml.comments import CommentedMap
+
+    recipe = load_recipe(recipe_path)
+    validate_recipe(recipe.data, recipe.id)
+    records = [(FilePath(path), read_record(path)) for path in record_paths]
+    for path, record in records:
+        problems = record_problems(record, recipe.model)
+        if problems:
+            raise CorrectnessError(f"record {path} refused, recipe {recipe_path} untouched: {'; '.join(problems)}")
+    document = load_document(recipe_path)
+    tests = _component_tests(document, recipe.id)
+    done = []
+    for _, record in records:
+        entry = CommentedMap((key, _styled(value)) for key, value in component_test_entry(record).items())
+        at = next(
+            (i for i, old in enumerate(tests) if old.get("test") == entry["test"] and old.get("gpu") == entry["gpu"]),
+            None,
+        )
+        if at is None:
+            tests.append(entry)
+        else:
+            tests[at] = entry
+        done.append(Attached(test=entry["test"], gpu=entry["gpu"], result=entry["result"],
+                             action="added" if at is None else "replaced"))
+    validate_recipe(document, recipe.id)
+    if not dry_run:
+        write_recipe(recipe_path, document)
+    return done
+
+
+def attach_convergence(recipe_path: str | FilePath, block: dict[str, Any], note: str) -> None:
+    """Replace the recipe's correctness.convergence with a checked block (the same atomic,
+    byte-preserving write as the component tests')."""
+    from ruamel.yaml.comments import CommentedMap
+
+    recipe = load_recipe(recipe_path)
+    validate_recipe(recipe.data, recipe.id)
+    document = load_document(recipe_path)
+    correctness = document.get("correctness")
+    if correctness is None:
+        raise RecipeError(f"recipe {recipe.id}: no correctness block to attach to")
+    correctness["convergence"] = CommentedMap(
+        [(key, _styled(value)) for key, value in block.items()] + [("note", _styled(note))]
+    )
+    validate_recipe(document, recipe.id)
+    write_recipe(recipe_path, document)

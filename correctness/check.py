@@ -1,0 +1,84 @@
+"""One verdict for a recipe: its configuration against its reference, the component tests its
+numerics changes need (attached, run on the recipe's GPU, passing), and its convergence block."""
+
+from dataclasses import dataclass
+from pathlib import Path as FilePath
+from typing import Any
+
+from correctness.classify import Classification, classify_recipe
+from correctness.recipes import Recipe, load_recipe, validate_recipe
+
+PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
+
+
+@dataclass(frozen=True)
+class Finding:
+    part: str  # "configuration", "component test <lever>", "convergence"
+    status: str  # pass, fail or incomplete
+    detail: str
+
+
+@dataclass(frozen=True)
+class RecipeCheck:
+    recipe: str
+    findings: tuple[Finding, ...]
+    classification: Classification
+    claimed: str | None  # what the recipe's correctness.result says
+
+    @property
+    def verdict(self) -> str:
+        statuses = {finding.status for finding in self.findings}
+        return FAIL if FAIL in statuses else (INCOMPLETE if INCOMPLETE in statuses else PASS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "verdict": self.verdict,
+            "claimed": self.claimed,
+            "findings": [finding.__dict__ for finding in self.findings],
+            "classification": self.classification.to_dict(),
+        }
+
+
+def _convergence(recipe: Recipe) -> Finding:
+    block = recipe.data.get("correctness", {}).get("convergence")
+    if not isinstance(block, dict):
+        return Finding("convergence", INCOMPLETE, "no correctness.convergence block")
+    result = block.get("result")
+    figures = ", ".join(
+        f"{key} {block[key]}" for key in ("steps", "correlation", "final_loss_difference", "pointwise_failures")
+        if key in block
+    )
+    status = PASS if result == "pass" else FAIL if result == "fail" else INCOMPLETE
+    return Finding("convergence", status, f"{result}: {figures}")
+
+
+def check_recipe(path: str | FilePath, reference: str | FilePath | None = None) -> RecipeCheck:
+    recipe = load_recipe(path)
+    validate_recipe(recipe.data, recipe.id)
+    classification = classify_recipe(recipe, reference)
+    findings = [
+        Finding(
+            "configuration",
+            {"pass": PASS, "fail": FAIL}.get(classification.verdict, INCOMPLETE),
+            ", ".join(f"{n} {klass}" for klass, n in classification.counts.items() if n) or "no changed arguments",
+        )
+    ]
+    for change in classification.changes:
+        if change.lever is None:
+            continue
+        result = change.lever_result
+        status = PASS if result == "pass" else FAIL if result == "fail" else INCOMPLETE
+        detail = (
+            f"{change.flag} {' '.join(change.reference_values or ['(default)'])} -> "
+            f"{' '.join(change.candidate_values or ['(absent)'])}: "
+            + (f"result {result} on {recipe.gpu}" if result else f"no {recipe.gpu} result attached")
+        )
+        findings.append(Finding(f"component test {change.lever}", status, detail))
+    findings.append(_convergence(recipe))
+    return RecipeCheck(
+        recipe=recipe.id,
+        findings=tuple(findings),
+        classification=classification,
+        claimed=recipe.data.get("correctness", {}).get("result"),
+    )

@@ -1,0 +1,29 @@
+"""One verdict for a recipe: configuration, component tests, convergence.
+
+    correctness check RECIPE.yaml [--reference REFERENCE.yaml] [--json]
+
+Validates the recipe against the schema, classes its changed training arguments against its
+reference (as `correctness classify`), lists the component test each numerics change needs and
+whether a result run on the recipe's GPU is attached and passing, and reads the convergence
+block. Exit status: 0 everything passes; 1 something fails or is missing; 2 bad input.
+"""
+
+from correctness.check import PASS, check_recipe
+from correctness.cli import EXIT_FAIL, EXIT_OK, emit
+from correctness.report import format_table
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("recipe", metavar="RECIPE.yaml")
+    parser.add_argument("--reference", metavar="REFERENCE.yaml",
+                        help="the reference's run script (default: fixtures/references/<recipe id>.yaml)")
+
+
+def run(args) -> int:
+    result = check_recipe(args.recipe, args.reference)
+    claimed = f" (the recipe says {result.claimed})" if result.claimed and result.claimed != result.verdict else ""
+    lines = [f"check {result.recipe}: {result.verdict.upper()}{claimed}"]
+    rows = [[finding.part, finding.status, finding.detail] for finding in result.findings]
+    lines += ["  " + line for line in format_table(["part", "status", "detail"], rows)]
+    emit(args, lines, result.to_dict())
+    return EXIT_OK if result.verdict == PASS else EXIT_FAIL

@@ -1,0 +1,114 @@
+"""Class each training argument a tuned recipe changes against its reference recipe.
+
+usage: correctness classify CANDIDATE.yaml [--reference REFERENCE.yaml] [--rules RULES.yaml] [--json]
+
+Compares the train.py arguments of the candidate's `run:` script with the reference's and classes
+every changed, added or removed argument with the rules file (correctness/rules/arguments.yaml):
+placement, numerics, batching, must-match or inert; an argument the rules do not list is unknown.
+Each numerics change names the lever (component test) that covers it and the result the candidate
+recipe carries for it in correctness.component_tests (matched by an entry's `lever:` key, or by its
+`test:` title).
+
+The reference is REFERENCE (any YAML file with a `run:` script, a whole recipe included), by default
+fixtures/references/<candidate recipe id>.yaml.
+
+Configuration verdict: pass (no must-match change, no unknown argument, every numerics change's
+lever passed), fail (a must-match change, or a numerics change whose lever failed), or incomplete
+(an argument needs review, or a lever has no result).
+
+Exit status: 0 the configuration passes; 1 it fails or is incomplete; 2 bad input (a malformed
+recipe, no run script, no correctness block where a lever result is needed, a missing reference).
+"""
+
+import argparse
+from pathlib import Path as FilePath
+
+from correctness.classify import (
+    ERROR,
+    FAILED,
+    MISSING,
+    OK,
+    REVIEW,
+    UNKNOWN,
+    Change,
+    Classification,
+    classify_recipe,
+    load_rules,
+)
+from correctness.cli import EXIT_FAIL, EXIT_OK, emit
+from correctness.recipes import load_recipe
+from correctness.report import format_table
+
+RESULT_CELLS = {OK: "-", ERROR: "ERROR", REVIEW: "REVIEW"}  # rows without a lever
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("candidate", metavar="CANDIDATE.yaml", help="the tuned recipe")
+    parser.add_argument("--reference", metavar="REFERENCE.yaml",
+                        help="the reference's run script (default: fixtures/references/<recipe id>.yaml)")
+    parser.add_argument("--rules", metavar="RULES.yaml", help="another rules file (default: the package's)")
+
+
+def _values(values: tuple[str, ...] | None, default: tuple[str, ...] | None) -> str:
+    if values is None:
+        return f"(default {' '.join(default)})" if default is not None else "absent"
+    return " ".join(values) if values else "on"
+
+
+def _row(change: Change) -> list[str]:
+    if change.lever is not None:
+        result = change.lever_result or "no result"
+    else:
+        result = RESULT_CELLS[change.outcome]
+    reason = "; ".join([change.reason, *change.notes])
+    return [
+        change.flag,
+        f"{_values(change.reference_values, change.default)} -> {_values(change.candidate_values, change.default)}",
+        change.klass,
+        change.lever or ("none" if change.klass == "numerics" else "-"),
+        result,
+        reason,
+    ]
+
+
+def _need(change: Change) -> str:
+    """What a change still asks for before the configuration passes ("" for nothing)."""
+    if change.outcome == ERROR:
+        return "must match the reference (a configuration error)"
+    if change.outcome == FAILED:
+        return f"the {change.lever} component test failed"
+    if change.outcome == MISSING:
+        return f"needs a passing {change.lever} component test in correctness.component_tests"
+    if change.outcome == REVIEW:
+        return "needs review (" + ("not classed by the rules file" if change.klass == UNKNOWN
+                                   else "no lever covers this numerics change") + ")"
+    return ""
+
+
+def _shown(path: str) -> str:
+    """A path relative to the working directory where it lies below it."""
+    try:
+        return str(FilePath(path).resolve().relative_to(FilePath.cwd().resolve()))
+    except ValueError:
+        return path
+
+
+def report_lines(classification: Classification) -> list[str]:
+    counts = ", ".join(f"{count} {klass}" for klass, count in classification.counts.items() if count)
+    lines = [
+        f"classify {classification.recipe} against {_shown(classification.reference)}: "
+        f"configuration {classification.verdict.upper()}",
+        f"  {len(classification.changes)} changed arguments" + (f" ({counts})" if counts else ""),
+    ]
+    if classification.changes:
+        header = ["flag", "reference -> candidate", "class", "lever", "result", "reason"]
+        lines += ["  " + line for line in format_table(header, map(_row, classification.changes))]
+    return lines + [f"  - {change.flag}: {need}" for change in classification.changes if (need := _need(change))]
+
+
+def run(args: argparse.Namespace) -> int:
+    rules = load_rules(args.rules)
+    candidate = load_recipe(args.candidate)
+    classification = classify_recipe(candidate, args.reference, rules)
+    emit(args, report_lines(classification), classification.to_dict())
+    return EXIT_OK if classification.verdict == "pass" else EXIT_FAIL

@@ -1,0 +1,72 @@
+"""Check a candidate loss curve against a reference curve.
+
+usage: correctness converge CANDIDATE REFERENCE [--thresholds pipeline|function] [--plot PATH]
+                           [--attach RECIPE.yaml] [--json]
+
+CANDIDATE and REFERENCE are per-step losses, the format told by the extension, else by the content:
+  - a Megatron/miles training log (.log, .txt, .out, .err): lines with `iteration N/` and
+    `lm loss: X`; a repeated iteration keeps its last loss;
+  - CSV (.csv): a header with columns step,loss, then a row per step;
+  - JSON (.json): a list of losses (steps 1..N), {"step": loss}, or [{"step": .., "loss": ..}].
+
+Checks (Megatron-Bridge's validate_convergence, then ours), each printed with its value, threshold
+and result:
+  finite losses        no NaN or Inf in either curve (the step is named)
+  step coverage        both curves have the same steps, no gaps
+  correlation          Pearson r >= 0.95 (undefined, and failing, for a constant curve)
+  point-wise tolerance at most 10% of points off by more than 10% / 5% / 2% (golden loss > 2 / > 0.5 / else)
+  final loss           relative difference at the last step <= 0.05 (function thresholds: 0.03)
+  residual outliers    at most 10% of points with c - g beyond 3 std of its mean
+  drift                least-squares trend of c - g over the compared steps, as a share of the mean
+                       reference loss: |drift| <= 2%; only for curves of 50 steps or more
+The five middle checks skip the first 20% of points (pipeline thresholds; function thresholds: 0).
+The last line gives the recipe's `correctness.convergence` fields (--json: everything); --attach
+writes them into RECIPE.yaml's correctness.convergence (the rest of the file keeps every byte).
+
+Exit status: 0 every check passes; 1 a check fails; 2 bad input (an unreadable or unrecognised file,
+no losses, a non-numeric loss, curves of different lengths), with a one-line message naming the file.
+"""
+
+import argparse
+
+from correctness.attach import attach_convergence
+from correctness.cli import EXIT_FAIL, EXIT_OK, emit
+from correctness.convergence import (
+    THRESHOLDS,
+    check_convergence,
+    convergence_block,
+    format_report,
+    read_curve,
+    write_plot,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("candidate", metavar="CANDIDATE", help="the candidate run's losses (log, CSV or JSON)")
+    parser.add_argument("reference", metavar="REFERENCE", help="the reference run's losses (log, CSV or JSON)")
+    parser.add_argument(
+        "--thresholds", choices=sorted(THRESHOLDS), default="pipeline",
+        help="Megatron-Bridge's pipeline thresholds (final 0.05, skip 20%%; the default) or "
+             "validate_convergence's own defaults (final 0.03, skip 0)")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of both curves and their difference")
+    parser.add_argument("--attach", metavar="RECIPE.yaml", help="write the block into this recipe")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = check_convergence(read_curve(args.candidate), read_curve(args.reference), THRESHOLDS[args.thresholds])
+    lines = format_report(result)
+    data = result.to_dict()
+    if args.plot:
+        write_plot(result, args.plot)
+        lines.append(f"plot: {args.plot}")
+        data["plot"] = str(args.plot)
+    if args.attach:
+        note = (
+            f"candidate arm: {args.candidate}; reference arm: {args.reference}; checked by correctness converge"
+            f" with {args.thresholds} thresholds"
+        )
+        attach_convergence(args.attach, convergence_block(result), note)
+        lines.append(f"attached to {args.attach}")
+        data["attached"] = str(args.attach)
+    emit(args, lines, data)
+    return EXIT_OK if result.passed else EXIT_FAIL

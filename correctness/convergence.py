@@ -1,0 +1,634 @@
+"""Loss-curve convergence: a candidate run's per-step losses against a reference run's.
+
+`read_curve` reads a curve from a Megatron/miles training log, a CSV or a JSON file;
+`check_convergence` runs Megatron-Bridge's five checks (`validate_convergence`) on two curves, with
+what that function lets through closed, plus a drift check for longer runs; `convergence_block`
+gives the fields of a recipe's `correctness.convergence` block; `format_report` the table;
+`write_plot` a PNG of both curves and their difference.
+
+What Megatron-Bridge does, as read in NVIDIA-NeMo/Megatron-Bridge
+scripts/performance/utils/evaluate.py (`validate_convergence`, `get_metrics_from_logfiles`) and
+scripts/performance/argument_parser.py (`_testing_args`):
+- skip: `n = max(0, int(len(current) * skip_first_percent_loss))` points are dropped from the start
+  (int truncates: 20 points at 0.2 drop 4, 24 points drop 4); every check below sees the rest.
+- correlation: `np.corrcoef(current, golden)[0, 1]`, failing when `< correlation_threshold`; a NaN
+  correlation (a constant curve, a NaN loss) compares false and so passes there.
+- point-wise: the tolerance by the golden value, `> 2.0` high (0.10), `> 0.5` medium (0.05), else low
+  (0.02); relative difference `|c - g| / |g|` (`|c|` where g == 0); a point fails when that is
+  `> tolerance`; the check fails when failures / points `> max_outlier_ratio`.
+- final loss: at the last compared point `|c - g| / g` (`|c|` where g == 0), failing when
+  `> final_loss_tolerance`.
+- outliers: residuals `r = c - g`; a point is an outlier when `|r - mean(r)| > outlier_threshold *
+  std(r)` (np.std, population: ddof 0); the check fails when outliers / points `> max_outlier_ratio`.
+- function defaults: correlation 0.95, tolerances 0.10 / 0.05 / 0.02, final 0.03, max_outlier_ratio
+  0.1, outlier_threshold 3.0, skip 0.0. The pipeline's command-line defaults (argument_parser.py):
+  final 0.05 and skip 0.20, the others the same.
+- log lines: `iteration\\s+(\\d+)/\\s+\\d+` and `lm loss:\\s+([\\d.E+\\-]+)` on the same line.
+
+Where this module differs, on purpose:
+- NaN or Inf in either curve fails (`finite losses`), naming the step; a correlation that is not
+  defined (a constant curve over the compared steps, a non-finite loss, fewer than two points)
+  fails; a non-finite point counts as a point-wise failure; outliers are not computed (and fail)
+  on non-finite residuals.
+- Curves are paired by step, not by position: steps present in one curve only, or missing from both
+  (a gap in the logging grid), fail `step coverage`. Curves of different lengths are bad input.
+- The final relative difference divides by |g| (Megatron-Bridge by g: the same for losses > 0).
+- The log's loss may be written `nan`/`inf` (Megatron prints `NAN` for a NaN loss); it is read, and
+  then fails, instead of being skipped.
+
+A property of the outlier check worth knowing: with ddof 0 the squared z-scores of n residuals
+sum to n, so k points beyond 3 standard deviations need 9k < n, while failing needs k > 0.1 n. At
+20 steps (16 compared) the check cannot fail; it can at n = 19, 28, 29, 37-39, ... and every n >= 91,
+and even then only when about a tenth of the points stand out together.
+
+The drift check (ours): over the compared steps, the least-squares line through d = candidate -
+reference against the step; its fitted change over the window, `slope * (last step - first step)`,
+divided by the mean reference loss there, is the drift. It fails when |drift| > 0.02 (2% of the
+reference loss), and applies only to curves of at least 50 steps (fewer cannot separate a trend
+from step noise: the fit's standard error is about sigma * sqrt(12 / n) for per-step noise sigma,
+so 2% is 3.6 standard errors for 1% noise at the 40 points compared of a 50-step run). It catches
+a slow divergence that stays inside every point-wise tolerance and the final-loss tolerance (a
+candidate 4% above the reference at the end of a 100-step run passes the five checks). A constant
+offset is not drift (it is the point-wise and final checks' business); either sign fails.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from correctness.errors import CorrectnessError
+from correctness.report import format_table
+
+# The golden-loss tiers of the point-wise tolerance (Megatron-Bridge: `golden > 2.0`, `golden > 0.5`).
+HIGH_LOSS_ABOVE = 2.0
+MEDIUM_LOSS_ABOVE = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    """The checks' limits. Megatron-Bridge's names in the comments."""
+
+    name: str
+    correlation: float = 0.95  # correlation_threshold
+    high_loss_tolerance: float = 0.10  # golden > 2.0
+    medium_loss_tolerance: float = 0.05  # golden > 0.5
+    low_loss_tolerance: float = 0.02  # otherwise
+    final_loss_tolerance: float  # final_loss_tolerance
+    max_outlier_ratio: float = 0.1  # max_outlier_ratio (point-wise failures and outliers)
+    outlier_threshold: float = 3.0  # outlier_threshold, in standard deviations
+    skip_first_fraction: float  # skip_first_percent_loss (a fraction, despite its name)
+    drift_tolerance: float = 0.02  # ours: |fitted drift| / mean reference loss
+    drift_min_steps: int = 50  # ours: the drift check applies from this many steps
+
+    def pointwise_tolerance(self, golden: np.ndarray) -> np.ndarray:
+        return np.where(golden > HIGH_LOSS_ABOVE, self.high_loss_tolerance,
+                        np.where(golden > MEDIUM_LOSS_ABOVE, self.medium_loss_tolerance, self.low_loss_tolerance))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# The defaults Megatron-Bridge's performance pipeline passes (argument_parser.py), and those of
+# validate_convergence itself.
+PIPELINE = Thresholds(name="pipeline", final_loss_tolerance=0.05, skip_first_fraction=0.20)
+FUNCTION = Thresholds(name="function", final_loss_tolerance=0.03, skip_first_fraction=0.0)
+THRESHOLDS = {t.name: t for t in (PIPELINE, FUNCTION)}
+
+
+# Reading curves
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """Per-step losses: steps strictly increasing, one loss each (float64, NaN and Inf kept)."""
+
+    source: str
+    format: str  # "log", "csv" or "json"
+    steps: np.ndarray
+    losses: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def curve_from_pairs(source: str, fmt: str, pairs: list[tuple[int, float]]) -> Curve:
+    """A curve from (step, loss) pairs in file order; a repeated step keeps its last loss."""
+    if not pairs:
+        raise CorrectnessError(f"{source}: no losses found")
+    by_step = dict(pairs)
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    return Curve(source, fmt, steps, np.array([by_step[s] for s in steps.tolist()], dtype=np.float64))
+
+
+_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+")
+_LM_LOSS = re.compile(r"\blm loss:\s*([^\s|]+)")
+_LOG_SUFFIXES = {".log", ".txt", ".out", ".err"}
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_log(text: str, source: str) -> Curve:
+    """Megatron's training-log lines: `iteration N/ M | ... | lm loss: X | ...`; the last per N."""
+    pairs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        iteration, loss = _ITERATION.search(line), _LM_LOSS.search(line)
+        if iteration is None or loss is None:
+            continue
+        value = _number(loss.group(1))
+        if value is None:
+            raise CorrectnessError(f"{source} line {number}: lm loss {loss.group(1)!r} is not a number")
+        pairs.append((int(iteration.group(1)), value))
+    if not pairs:
+        raise CorrectnessError(f"{source}: no training-log losses found (lines with 'iteration N/' and 'lm loss: X')")
+    return curve_from_pairs(source, "log", pairs)
+
+
+def _step(value: Any, source: str, where: str) -> int:
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else _number(str(value).strip())
+    if number is None or not math.isfinite(number) or number != int(number):
+        raise CorrectnessError(f"{source} {where}: step {value!r} is not an integer")
+    return int(number)
+
+
+def _loss(value: Any, source: str, where: str) -> float:
+    """A JSON number, or the text of one (a CSV cell); `nan` and `inf` are read, to fail later."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise CorrectnessError(f"{source} {where}: loss {value!r} is not a number")
+    number = float(value) if not isinstance(value, str) else _number(value.strip())
+    if number is None:
+        raise CorrectnessError(f"{source} {where}: loss {value!r} is not a number")
+    return number
+
+
+def parse_csv(text: str, source: str) -> Curve:
+    """A header naming `step` and `loss` columns (others ignored), then one row per step."""
+    rows = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text)), 1) if any(cell.strip() for cell in row)]
+    if not rows:
+        raise CorrectnessError(f"{source}: empty CSV (expected a header with columns step,loss)")
+    header = [cell.strip().lower() for cell in rows[0][1]]
+    if "step" not in header or "loss" not in header:
+        first = ",".join(rows[0][1])
+        raise CorrectnessError(f"{source}: CSV header must name columns step and loss (first row: {first})")
+    step_at, loss_at = header.index("step"), header.index("loss")
+    pairs = []
+    for number, row in rows[1:]:
+        if len(row) <= max(step_at, loss_at):
+            raise CorrectnessError(f"{source} line {number}: {len(row)} columns, the header has {len(header)}")
+        where = f"line {number}"
+        pairs.append((_step(row[step_at], source, where), _loss(row[loss_at], source, where)))
+    if not pairs:
+        raise CorrectnessError(f"{source}: CSV has a header but no rows")
+    return curve_from_pairs(source, "csv", pairs)
+
+
+def _json_loss(value: Any, source: str, where: str) -> float:
+    if isinstance(value, str):
+        raise CorrectnessError(f"{source} {where}: loss {value!r} is not a number (a JSON string)")
+    return _loss(value, source, where)
+
+
+def parse_json(text: str, source: str) -> Curve:
+    """A list of losses (steps 1..N), {"step": loss}, or [{"step": .., "loss": ..}, ...]."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CorrectnessError(f"{source}: not valid JSON ({error})") from None
+    if isinstance(data, dict):
+        pairs = [(_step(k, source, f"key {k!r}"), _json_loss(v, source, f"step {k}")) for k, v in data.items()]
+    elif isinstance(data, list) and all(isinstance(item, dict) for item in data) and data:
+        pairs = []
+        for index, item in enumerate(data):
+            if "step" not in item or "loss" not in item:
+                raise CorrectnessError(f"{source} item {index}: expected keys 'step' and 'loss', got {sorted(item)}")
+            where = f"item {index}"
+            pairs.append((_step(item["step"], source, where), _json_loss(item["loss"], source, where)))
+    elif isinstance(data, list):
+        pairs = [(index + 1, _json_loss(v, source, f"item {index}")) for index, v in enumerate(data)]
+    else:
+        raise CorrectnessError(f"{source}: expected a JSON list of losses, {{step: loss}} or a list of {{step, loss}}")
+    if not pairs:
+        raise CorrectnessError(f"{source}: no losses in the JSON")
+    return curve_from_pairs(source, "json", pairs)
+
+
+def _sniff(text: str) -> str | None:
+    stripped = text.lstrip()
+    if stripped[:1] in ("[", "{"):
+        return "json"
+    if _ITERATION.search(text) and _LM_LOSS.search(text):
+        return "log"
+    first = stripped.splitlines()[0].lower() if stripped else ""
+    if "," in first and "step" in first and "loss" in first:
+        return "csv"
+    return None
+
+
+def read_curve(path: str | Path) -> Curve:
+    """Read a loss curve; the format from the extension (.log/.txt/.out/.err, .csv, .json), else the content."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise CorrectnessError(f"{source}: no such file") from None
+    except OSError as error:
+        raise CorrectnessError(f"{source}: cannot read ({error.strerror or error})") from None
+    suffix = path.suffix.lower()
+    fmt = {".csv": "csv", ".json": "json"}.get(suffix) or ("log" if suffix in _LOG_SUFFIXES else None)
+    if fmt is None:
+        fmt = _sniff(text)
+    if fmt is None:
+        raise CorrectnessError(
+            f"{source}: cannot tell the format (expected a training log with 'iteration N/' and 'lm loss: X', "
+            "a CSV with a step,loss header, or JSON)")
+    return {"log": parse_log, "csv": parse_csv, "json": parse_json}[fmt](text, source)
+
+
+# The checks
+
+
+PASS, FAIL, NOT_APPLIED = "pass", "fail", "not applied"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its value (None where not defined), its limit, and what decided it."""
+
+    name: str
+    status: str  # PASS, FAIL or NOT_APPLIED
+    value: float | int | None  # comparable with threshold: a count, a ratio of points, r, a relative difference
+    threshold: float | None
+    shown: str  # the value as the table prints it
+    limit: str  # the threshold as the table prints it
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "value": self.value, "threshold": self.threshold,
+                "shown": self.shown, "limit": self.limit, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The least-squares line d = intercept + slope * step through d = candidate - reference."""
+
+    slope: float
+    intercept: float
+    first_step: int
+    last_step: int
+    change: float  # slope * (last_step - first_step), in loss units
+    relative: float  # change / mean reference loss over the window
+    relative_stderr: float  # its standard error, from the fit's residuals
+
+
+@dataclass(frozen=True, eq=False)
+class ConvergenceResult:
+    candidate: Curve
+    reference: Curve
+    thresholds: Thresholds
+    steps: np.ndarray  # the steps both curves have, which the checks compare
+    candidate_losses: np.ndarray  # at those steps
+    reference_losses: np.ndarray
+    skipped: int  # points dropped from the start before the five checks
+    checks: tuple[Check, ...]
+    correlation: float | None
+    final_loss_difference: float | None
+    pointwise_failure_steps: tuple[int, ...]
+    drift: Drift | None = field(default=None)
+
+    @property
+    def passed(self) -> bool:
+        return all(check.status != FAIL for check in self.checks)
+
+    @property
+    def result(self) -> str:
+        return PASS if self.passed else FAIL
+
+    @property
+    def pointwise_failures(self) -> int:
+        return len(self.pointwise_failure_steps)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{check.name}: {check.detail}" for check in self.checks if check.status == FAIL]
+
+    def check(self, name: str) -> Check:
+        return next(check for check in self.checks if check.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, for --json: the recipe block's fields first, then each check in full."""
+        return {
+            **_block_fields(self),  # undefined figures as null
+            "candidate": self.candidate.source,
+            "reference": self.reference.source,
+            "thresholds": self.thresholds.to_dict(),
+            "compared_steps": len(self.steps) - self.skipped,
+            "skipped_steps": self.skipped,
+            "pointwise_failure_steps": list(self.pointwise_failure_steps),
+            "drift": None if self.drift is None else dict(self.drift.__dict__),
+            "checks": [check.to_dict() for check in self.checks],
+            "failures": self.failures,
+        }
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    return "; ".join(items[:limit]) + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _steps_text(steps: np.ndarray | list[int], limit: int = 8) -> str:
+    steps = [int(s) for s in steps]
+    return ", ".join(map(str, steps[:limit])) + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
+
+
+def _finite_check(candidate: Curve, reference: Curve) -> Check:
+    bad = [f"{role} loss is {curve.losses[i]} at step {curve.steps[i]}"
+           for role, curve in (("candidate", candidate), ("reference", reference))
+           for i in np.flatnonzero(~np.isfinite(curve.losses))]
+    return Check("finite losses", FAIL if bad else PASS, len(bad), 0.0,
+                 f"{len(bad)} non-finite", "none", _few(bad) if bad else "")
+
+
+def _coverage_check(candidate: Curve, reference: Curve) -> Check:
+    only_candidate = np.setdiff1d(candidate.steps, reference.steps)
+    only_reference = np.setdiff1d(reference.steps, candidate.steps)
+    union = np.union1d(candidate.steps, reference.steps)
+    stride = int(np.gcd.reduce(np.diff(union))) if len(union) > 1 else 1
+    missing = np.setdiff1d(np.arange(union[0], union[-1] + 1, stride), union)
+    problems = []
+    if len(missing):
+        problems.append(f"steps missing from both curves (logging every {stride}): {_steps_text(missing)}")
+    if len(only_candidate):
+        problems.append(f"steps only in the candidate: {_steps_text(only_candidate)}")
+    if len(only_reference):
+        problems.append(f"steps only in the reference: {_steps_text(only_reference)}")
+    n_bad = len(missing) + len(only_candidate) + len(only_reference)
+    shown = f"{union[0]}-{union[-1]}" + (f" every {stride}" if stride != 1 else "")
+    return Check("step coverage", FAIL if problems else PASS, n_bad, 0.0, shown,
+                 "same steps, no gaps", "; ".join(problems))
+
+
+def _correlation_check(c: np.ndarray, g: np.ndarray, limit: float) -> tuple[Check, float | None]:
+    why = None
+    if len(c) < 2:
+        why = f"undefined: {len(c)} compared point(s)"
+    elif not (np.all(np.isfinite(c)) and np.all(np.isfinite(g))):
+        why = "undefined: non-finite losses"
+    else:
+        constant = [role for role, v in (("candidate", c), ("reference", g)) if np.ptp(v) == 0]
+        if constant:
+            why = (f"undefined: the {' and the '.join(constant)} curve{'s are' if len(constant) > 1 else ' is'}"
+                   " constant over the compared steps (Megatron-Bridge's check passes this)")
+    if why is not None:
+        return Check("correlation", FAIL, None, limit, "undefined", f">= {limit}", why), None
+    value = float(np.corrcoef(c, g)[0, 1])
+    passed = value >= limit
+    return Check("correlation", PASS if passed else FAIL, value, limit, f"{value:.5f}", f">= {limit}",
+                 "" if passed else f"Pearson correlation {value:.5f} < {limit}"), value
+
+
+def _relative_difference(c: np.ndarray | float, g: np.ndarray | float) -> np.ndarray:
+    c, g = np.asarray(c, dtype=np.float64), np.asarray(g, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(g != 0, np.abs(c - g) / np.abs(g), np.abs(c))
+
+
+def _pointwise_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, t: Thresholds) -> tuple[Check, tuple[int, ...]]:
+    tolerance = t.pointwise_tolerance(g)
+    relative = _relative_difference(c, g)
+    failed = ~(relative <= tolerance)  # a NaN difference fails
+    count, n = int(failed.sum()), len(c)
+    ratio = count / n if n else math.nan
+    passed = n > 0 and ratio <= t.max_outlier_ratio
+    limit = (f"<= {t.max_outlier_ratio:.0%} of points at tol {t.high_loss_tolerance:g}/"
+             f"{t.medium_loss_tolerance:g}/{t.low_loss_tolerance:g}")
+    listed = _few([f"step {steps[i]}: {c[i]:.6g} vs {g[i]:.6g} "
+                   + (f"({relative[i]:.2%} > {tolerance[i]:.0%})" if np.isfinite(relative[i]) else "(not finite)")
+                   for i in np.flatnonzero(failed)])
+    if n == 0:
+        detail = "no compared points"
+    elif not passed:
+        detail = f"{count}/{n} points outside tolerance ({ratio:.1%} > {t.max_outlier_ratio:.0%}): {listed}"
+    else:
+        detail = f"{count} outside tolerance, within the allowed ratio: {listed}" if count else ""
+    check = Check("point-wise tolerance", PASS if passed else FAIL, None if n == 0 else ratio, t.max_outlier_ratio,
+                  f"{count}/{n}", limit, detail)
+    return check, tuple(int(s) for s in steps[failed])
+
+
+def _final_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, limit: float) -> tuple[Check, float | None]:
+    if len(c) == 0:
+        return Check("final loss", FAIL, None, limit, "undefined", f"<= {limit}", "no compared points"), None
+    value = float(_relative_difference(c[-1], g[-1]))
+    where = f"step {steps[-1]}: {c[-1]:.6g} vs {g[-1]:.6g}"
+    if not math.isfinite(value):
+        return Check("final loss", FAIL, None, limit, "undefined", f"<= {limit}", f"non-finite at {where}"), None
+    passed = value <= limit
+    return Check("final loss", PASS if passed else FAIL, value, limit, f"{value:.4g}", f"<= {limit}",
+                 where if passed else f"relative difference {value:.4g} > {limit} at {where}"), value
+
+
+def _outlier_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, t: Thresholds) -> Check:
+    limit = f"<= {t.max_outlier_ratio:.0%} of points beyond {t.outlier_threshold:g} std"
+    residuals = c - g
+    if len(residuals) == 0 or not np.all(np.isfinite(residuals)):
+        why = "no compared points" if len(residuals) == 0 else "undefined: non-finite losses"
+        return Check("residual outliers", FAIL, None, t.max_outlier_ratio, "undefined", limit, why)
+    deviation = np.abs(residuals - residuals.mean())
+    outliers = deviation > t.outlier_threshold * residuals.std()
+    count, n = int(outliers.sum()), len(residuals)
+    passed = count / n <= t.max_outlier_ratio
+    listed = _steps_text(steps[outliers])
+    if not passed:
+        detail = (f"{count}/{n} residuals beyond {t.outlier_threshold:g} std ({count / n:.1%} > "
+                  f"{t.max_outlier_ratio:.0%}) at steps {listed}")
+    else:
+        detail = f"{count} within the allowed ratio, at steps {listed}" if count else ""
+    return Check("residual outliers", PASS if passed else FAIL, count / n, t.max_outlier_ratio,
+                 f"{count}/{n}", limit, detail)
+
+
+def fit_drift(steps: np.ndarray, c: np.ndarray, g: np.ndarray) -> Drift:
+    """Least squares of d = c - g on the step; its change over the window, relative to mean |g|."""
+    x = steps.astype(np.float64)
+    d = c - g
+    x_mean = x.mean()
+    sxx = float(np.sum((x - x_mean) ** 2))
+    slope = float(np.sum((x - x_mean) * (d - d.mean())) / sxx)
+    intercept = float(d.mean() - slope * x_mean)
+    span = float(x[-1] - x[0])
+    level = float(np.mean(np.abs(g)))
+    scale = level if level > 0 else 1.0
+    residual = d - (intercept + slope * x)
+    stderr = math.sqrt(float(np.sum(residual**2)) / (len(x) - 2) / sxx) * span
+    return Drift(slope, intercept, int(steps[0]), int(steps[-1]), slope * span, slope * span / scale, stderr / scale)
+
+
+def _drift_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, n_steps: int,
+                 t: Thresholds) -> tuple[Check, Drift | None]:
+    limit = f"|drift| <= {t.drift_tolerance:.0%} of the reference loss"
+    if n_steps < t.drift_min_steps:
+        return Check("drift", NOT_APPLIED, None, t.drift_tolerance, "-", limit,
+                     f"needs at least {t.drift_min_steps} steps, these curves have {n_steps}"), None
+    if len(c) < 3:
+        return Check("drift", NOT_APPLIED, None, t.drift_tolerance, "-", limit,
+                     f"{len(c)} compared points, a fit needs 3"), None
+    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(g))):
+        return Check("drift", FAIL, None, t.drift_tolerance, "undefined", limit, "undefined: non-finite losses"), None
+    drift = fit_drift(steps, c, g)
+    passed = abs(drift.relative) <= t.drift_tolerance
+    fitted = (f"fitted candidate - reference changes by {drift.change:+.4g} from step {drift.first_step} to "
+              f"{drift.last_step}, {drift.relative:+.2%} of the mean reference loss (standard error "
+              f"{drift.relative_stderr:.2%})")
+    detail = fitted if passed else f"{fitted}, beyond {t.drift_tolerance:.0%}"
+    return Check("drift", PASS if passed else FAIL, drift.relative, t.drift_tolerance,
+                 f"{drift.relative:+.2%}", limit, detail), drift
+
+
+def check_convergence(candidate: Curve, reference: Curve, thresholds: Thresholds = PIPELINE) -> ConvergenceResult:
+    """Megatron-Bridge's five checks with `thresholds`, plus finiteness, step coverage and drift.
+
+    Raises CorrectnessError where the curves have different numbers of steps."""
+    if len(candidate) == 0 or len(reference) == 0:
+        empty = candidate if len(candidate) == 0 else reference
+        raise CorrectnessError(f"{empty.source}: no losses")
+    if len(candidate) != len(reference):
+        raise CorrectnessError(
+            f"the curves have different step counts: candidate {candidate.source} has {len(candidate)} steps, "
+            f"reference {reference.source} has {len(reference)}")
+    steps, at_candidate, at_reference = np.intersect1d(candidate.steps, reference.steps, return_indices=True)
+    c_all, g_all = candidate.losses[at_candidate], reference.losses[at_reference]
+    skipped = max(0, int(len(steps) * thresholds.skip_first_fraction))
+    window, c, g = steps[skipped:], c_all[skipped:], g_all[skipped:]
+
+    correlation_check, correlation = _correlation_check(c, g, thresholds.correlation)
+    pointwise_check, pointwise_steps = _pointwise_check(window, c, g, thresholds)
+    final_check, final = _final_check(window, c, g, thresholds.final_loss_tolerance)
+    drift_check, drift = _drift_check(window, c, g, len(steps), thresholds)
+    checks = (
+        _finite_check(candidate, reference),
+        _coverage_check(candidate, reference),
+        correlation_check,
+        pointwise_check,
+        final_check,
+        _outlier_check(window, c, g, thresholds),
+        drift_check,
+    )
+    return ConvergenceResult(candidate, reference, thresholds, steps, c_all, g_all, skipped, checks,
+                             correlation, final, pointwise_steps, drift)
+
+
+# The recipe's block and the report
+
+
+def round_correlation(value: float) -> float:
+    """Enough decimals to show two significant digits of 1 - |r|, and at least five (0.98649, 0.9999986)."""
+    gap = 1.0 - abs(value)
+    decimals = 5 if gap <= 0 else max(5, math.floor(-math.log10(gap)) + 2)
+    return round(value, min(decimals, 12))
+
+
+def round_difference(value: float) -> float:
+    """Three significant digits (0.0091, 0.000124)."""
+    return float(f"{value:.3g}")
+
+
+def _block_fields(result: ConvergenceResult) -> dict[str, Any]:
+    return {
+        "steps": len(result.candidate),
+        "result": result.result,
+        "correlation": None if result.correlation is None else round_correlation(result.correlation),
+        "final_loss_difference": (None if result.final_loss_difference is None
+                                  else round_difference(result.final_loss_difference)),
+        "pointwise_failures": result.pointwise_failures,
+    }
+
+
+def convergence_block(result: ConvergenceResult) -> dict[str, Any]:
+    """The recipe's `correctness.convergence` fields, in its order (its `note` is the author's to
+    write). A figure that is not defined (the correlation of a constant curve, a NaN final loss) is
+    left out, as the recipe schema wants a number there; `result` is then "fail"."""
+    return {key: value for key, value in _block_fields(result).items() if value is not None}
+
+
+def format_report(result: ConvergenceResult) -> list[str]:
+    """A heading, a row per check, then the recipe block's fields."""
+    n = len(result.steps)
+    compared = n - result.skipped
+    skip = f" (first {result.skipped} skipped)" if result.skipped else ""
+    lines = [
+        f"convergence · candidate {result.candidate.source} vs reference {result.reference.source} · "
+        f"{len(result.candidate)} steps, {compared} compared{skip} · {result.thresholds.name} thresholds · "
+        f"{result.result.upper()}"
+    ]
+    rows = [[c.name, c.shown, c.limit, c.status, c.detail] for c in result.checks]
+    lines += ["  " + line for line in format_table(["check", "value", "threshold", "result", "detail"], rows)]
+    return lines + ["recipe block: " + _block_text(result)]
+
+
+def _block_text(result: ConvergenceResult, leave_out: tuple[str, ...] = ()) -> str:
+    """The block's fields in a line, in the recipe's order."""
+    block = _block_fields(result)
+    return ", ".join(f"{key} {'undefined' if value is None else value}"
+                     for key, value in block.items() if key not in leave_out)
+
+
+def write_plot(result: ConvergenceResult, path: str | Path) -> None:
+    """PNG: both curves (skipped steps shaded, point-wise failures marked) above their difference
+    (the point-wise tolerance band and the fitted drift). matplotlib is imported only here, Agg only."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    steps, c, g = result.steps, result.candidate_losses, result.reference_losses
+    figure = Figure(figsize=(9, 6.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    top.plot(steps, g, label=f"reference ({Path(result.reference.source).name})", color="tab:blue", lw=1.5)
+    top.plot(steps, c, label=f"candidate ({Path(result.candidate.source).name})", color="tab:orange", lw=1.2)
+    if result.skipped and len(steps):
+        end = (steps[result.skipped - 1] + steps[result.skipped]) / 2 if result.skipped < len(steps) else steps[-1]
+        for axis in (top, bottom):
+            axis.axvspan(steps[0], end, color="0.9", zorder=0)
+        top.text(steps[0], 1.0, f" skipped ({result.skipped})", transform=top.get_xaxis_transform(),
+                 va="top", fontsize=8, color="0.4")
+    finite = np.isfinite(c) & np.isfinite(g)
+    failed = np.isin(steps, result.pointwise_failure_steps) & finite
+    if failed.any():
+        top.plot(steps[failed], c[failed], "x", color="tab:red", label="point-wise failure")
+    for index, step in enumerate(steps[~finite]):
+        top.axvline(step, color="tab:red", lw=0.8, ls=":", label=None if index else "non-finite loss")
+    top.set_ylabel("loss")
+    fields = _block_text(result, leave_out=("result",))
+    top.set_title(f"{result.result.upper()} · {result.thresholds.name} thresholds · {fields}", fontsize=9)
+    top.xaxis.set_major_locator(MaxNLocator(integer=True))
+    top.legend(fontsize=8)
+
+    band = result.thresholds.pointwise_tolerance(g) * np.abs(g)
+    bottom.fill_between(steps, -band, band, color="tab:green", alpha=0.15, label="point-wise tolerance")
+    bottom.axhline(0.0, color="0.5", lw=0.8)
+    bottom.plot(steps, c - g, color="tab:purple", lw=1.2, label="candidate - reference")
+    drift = result.drift
+    if drift is not None:
+        x = np.array([drift.first_step, drift.last_step], dtype=np.float64)
+        bottom.plot(x, drift.intercept + drift.slope * x, color="black", ls="--", lw=1.0,
+                    label=f"fitted drift {drift.relative:+.2%} ({result.check('drift').status})")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("difference")
+    bottom.legend(fontsize=8)
+    try:
+        figure.savefig(path, format="png", dpi=110)
+    except OSError as error:
+        raise CorrectnessError(f"{path}: cannot write the plot ({error.strerror or error})") from None

@@ -1,0 +1,140 @@
+"""Words for a recipe's correctness.component_tests entry, made from a lever record's figures.
+
+The entry's fields are those of the seed recipes: test, shape, gpu, date, result, detail, note.
+Levers of this project word `shape`, `detail` and `note` in their own module (correctness.levers);
+any other lever gets the generic sentences here, built from the same figures.
+"""
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+GPU_TYPES = ("H100", "H200", "B200", "B300", "GB200", "A100", "L40S", "MI300X", "MI325X", "MI355X")
+
+
+def count(n: int) -> str:
+    """Small counts in words, as the recipes write them."""
+    return NUMBER_WORDS.get(n, f"{n:,}")
+
+
+def sci(x: float) -> str:
+    """1.62e-2 (three significant figures, no padded exponent)."""
+    if x == 0:
+        return "0"
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def compact(x: float) -> str:
+    """1e-3 for 0.001, else as sci()."""
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}" if float(f"{mantissa}e{exponent}") == x else sci(x)
+
+
+def and_list(items: Iterable[str]) -> str:
+    """a, b and c."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def ratio_range(ratios: Iterable[float]) -> str:
+    values = sorted(ratios)
+    if not values:
+        return "-"
+    low, high = f"{values[0]:.2f}", f"{values[-1]:.2f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def ran_cases(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [case for case in record["cases"] if case["status"] != "skip"]
+
+
+def candidate_tensors(record: dict[str, Any], cases=None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(case, t) for case in (cases or ran_cases(record)) for t in case["candidate"]["tensors"]]
+
+
+def worst_tensor(record: dict[str, Any], cases=None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(case, tensor) nearest to its bound; a tensor with no figure (NaN) counts as the worst."""
+    return max(candidate_tensors(record, cases), key=lambda ct: math.inf if ct[1]["error_over_bound"] is None
+               else ct[1]["error_over_bound"])
+
+
+def bound_sentence(tensor: dict[str, Any], rule: dict[str, Any]) -> str:
+    same = ", the same error as the default's" if tensor["error"] == tensor["default_error"] else ""
+    return (
+        f"{sci(tensor['error'])} against a bound of {sci(tensor['bound'])},"
+        f" {rule['factor']:g} x the default's error + {compact(rule['slack'])}{same}"
+    )
+
+
+def controls_sentence(record: dict[str, Any]) -> str:
+    names = record["lever"]["controls"]
+    powers = [
+        control["power"] for case in ran_cases(record) for control in case["controls"] if control["applies"]
+    ]
+    failing = all(
+        control["fails_bound"] for case in ran_cases(record) for control in case["controls"] if control["applies"]
+    )
+    verb = "fail" if failing else "do not all fail"
+    least = f", by {min(powers):.1f} x the bound at the least" if powers and failing else ""
+    listed = and_list(names)
+    return f"a repeat of the default passes and the {count(len(names))} negative controls ({listed}) {verb}{least}"
+
+
+def determinism_sentence(record: dict[str, Any]) -> str:
+    changed = sorted({t for case in ran_cases(record) for t in case["nondeterministic_tensors"]})
+    if not changed:
+        return "the candidate gives the same bits on a second run"
+    return f"the candidate's {', '.join(changed)} changed between two identical runs"
+
+
+def skipped_sentence(record: dict[str, Any]) -> str:
+    reasons: dict[str, int] = {}
+    for case in record["cases"]:
+        if case["status"] == "skip":
+            reasons[case["skip_reason"]] = reasons.get(case["skip_reason"], 0) + 1
+    return "; ".join(f"{count(n)} {'case' if n == 1 else 'cases'} skipped: {reason}" for reason, n in reasons.items())
+
+
+def gpu_label(record: dict[str, Any]) -> str:
+    device = record["provenance"]["device"]
+    if device["type"] != "cuda":
+        return "CPU"
+    name = device.get("name") or "unknown GPU"
+    return next((gpu for gpu in GPU_TYPES if gpu in name.upper()), name)
+
+
+def where_sentence(record: dict[str, Any]) -> str:
+    provenance = record["provenance"]
+    device = provenance["device"]
+    packages = ", ".join(f"{name} {version}" for name, version in provenance["packages"].items() if version)
+    tier = record["lever"]["tier"]
+    scales = sorted({case["shape"].get("scale") for case in record["cases"]} - {None})
+    scale = f" at the {' and '.join(scales)} scale" if scales else ""
+    tier_text = "the CPU tier" if tier == "cpu" else f"the {tier} tier"
+    return (
+        f"run on {tier_text}{scale} ({device.get('name')}, torch {provenance['torch']}"
+        + (f", {packages}" if packages else "")
+        + f"), record {record['lever']['record_id']}"
+    )
+
+
+def generic_text(record: dict[str, Any]) -> dict[str, str]:
+    cases = ran_cases(record)
+    case, worst = worst_tensor(record)
+    ratios = [t["ratio"] for _, t in candidate_tensors(record) if t["ratio"] is not None]
+    shapes = sorted({c["shape"].get("id", c["case_id"]) for c in record["cases"]})
+    backends = sorted({c["candidate"]["run"]["backend"] for c in cases})
+    detail = (
+        f"{record['lever']['candidate']} ran as {', '.join(backends)}; its relative L2 error against FP64 is"
+        f" {ratio_range(ratios)} x the default's ({record['lever']['default']}) (worst tensor, {worst['tensor']}"
+        f" in {case['case_id']}, {bound_sentence(worst, record['lever']['rule'])}); {determinism_sentence(record)};"
+        f" {controls_sentence(record)}"
+    )
+    skipped = skipped_sentence(record)
+    return {
+        "shape": f"{record['recipe']['model']}: {count(len(cases))} cases run, at " + "; ".join(shapes),
+        "detail": detail,
+        "note": where_sentence(record) + (f"; {skipped}" if skipped else ""),
+    }

@@ -1,0 +1,102 @@
+"""The optimizer-offload lever's words for a recipe's component_tests entry (see correctness.entries)."""
+
+from typing import Any
+
+from correctness.entries import (
+    and_list,
+    bound_sentence,
+    controls_sentence,
+    count,
+    determinism_sentence,
+    ran_cases,
+    ratio_range,
+    sci,
+    skipped_sentence,
+    where_sentence,
+    worst_tensor,
+)
+
+SECONDARY = "against fp64-adamw (fp32 hyperparameters)"
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith(("norm.weight", "layer_norm_weight", "layernorm.weight"))
+
+
+def _short(name: str) -> str:
+    """decoder.layers.0.self_attention.linear_qkv.weight -> layer 0's linear_qkv."""
+    if name.startswith("embedding."):
+        return "the embedding slice"
+    parts = name.split(".")
+    if parts[0] == "decoder" and parts[1] == "layers":
+        return f"layer {parts[2]}'s {parts[-2] if parts[-1] == 'weight' else parts[-1]}"
+    return name
+
+
+def _gpu_holdings(shape: dict[str, Any]) -> str:
+    """the embedding slice, layer 0's linear_qkv and linear_proj and every norm gain."""
+    names = shape["gpu_tensors"]
+    owners: dict[str, list[str]] = {}
+    for name in names:
+        if not _is_norm(name):
+            owner, _, tensor = _short(name).partition("'s ")
+            owners.setdefault(owner, []).append(tensor)
+    parts = [f"{owner}'s {and_list(tensors)}" if tensors[0] else owner for owner, tensors in owners.items()]
+    norms = [name for name in names if _is_norm(name)]
+    if norms:
+        parts.append("every norm gain" if len(norms) == shape["norm_tensors"] else "some norm gains")
+    return and_list(parts) if parts else "nothing"
+
+
+def _shape_sentence(record: dict[str, Any]) -> str:
+    shape = record["cases"][0]["shape"]
+    layers = ", ".join(f"layer {layer} ({kind})" for layer, kind in zip(shape["layers"], shape["layer_kinds"]))
+    scale = "" if shape["scale"] == "recipe" else f" (at the {shape['scale']} scale)"
+    sources = sorted({case["variant"].replace("-", " ") for case in ran_cases(record)})
+    norms = and_list([f"{norm:g}" for norm in shape["preclip_norms"]])
+    return (
+        f"TP {shape['tp_size']} rank {shape['tp_rank']}'s slices of {record['recipe']['model']} {layers} and"
+        f" embedding rows 0-{shape['embedding_rows'] - 1:,}{scale}: {shape['tensors']} tensors,"
+        f" {shape['parameters']:,} parameters, {100 * shape['gpu_share']:.1f}% of them on the GPU at fraction"
+        f" {shape['fraction']:g} ({_gpu_holdings(shape)}); {', '.join(sources)}, synthetic gradients scaled to"
+        f" pre-clip norms {norms} over {count(shape['steps'])} steps"
+    )
+
+
+def entry_text(record: dict[str, Any]) -> dict[str, str]:
+    cases = ran_cases(record)
+    summary = cases[0]["summary"]
+    gpu, cpu = summary.get("gpu", {}), summary.get("cpu", {})
+    parts = []
+    if gpu:
+        quantities = gpu["quantities"]
+        masters = [r for q in ("master", "update") for r in (quantities[q]["tensor_ratios"] or [])]
+        case, worst = worst_tensor(record)
+        parts.append(
+            f"after {count(case['shape']['steps'])} steps at the recipe's hyperparameters, the GPU partition's FP32"
+            f" masters and updates are {ratio_range(masters)} x the default's relative L2 error against FP64 and"
+            f" its BF16 weights {ratio_range(quantities['bf16']['tensor_ratios'] or [])} x (worst tensor, the"
+            f" {worst['tensor'].split(':')[1]} of {_short(worst['tensor'].split(':')[0])},"
+            f" {bound_sentence(worst, record['lever']['rule'])})"
+        )
+    if cpu:
+        identical = "bitwise identical to" if cpu["bitwise_identical_to_default"] else "not bitwise identical to"
+        parts.append(f"the CPU partition is {identical} the default")
+    detail = "; ".join(parts + [determinism_sentence(record), controls_sentence(record)])
+    notes = [where_sentence(record)]
+    slack = [name for name in gpu.get("slack_only", [])]
+    if slack:
+        moments = [q for q in ("exp_avg", "exp_avg_sq") if any(name.endswith(f":{q}") for name in slack)]
+        pooled = gpu["quantities"]
+        said = " and ".join(
+            f"{q} {sci(pooled[q]['error'])} ({pooled[q]['ratio']:.1f} x the default's error)" for q in moments
+        )
+        notes.append(f"the GPU partition's {' and '.join(moments) or 'tensors'} pass on the bound's slack only: {said}")
+        if SECONDARY in gpu and moments:
+            rounded = " and ".join(sci(gpu[SECONDARY][q]["error"]) for q in moments)
+            notes.append(
+                f"against an FP64 reference with the hyperparameters rounded to FP32, as TE FusedAdam takes them,"
+                f" they are {rounded}"
+            )
+    skipped = skipped_sentence(record)
+    return {"shape": _shape_sentence(record), "detail": detail, "note": "; ".join(notes + ([skipped] if skipped else []))}

@@ -1,0 +1,76 @@
+"""`correctness check` (one verdict for a recipe) and `correctness run` (the component tests)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from correctness.check import check_recipe
+from correctness.cli import main
+from correctness.fixtures import recipe_path
+from correctness.recipes import load_document, write_recipe
+
+GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
+NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+
+
+def test_gemma_seed_passes_every_part():
+    result = check_recipe(recipe_path(GEMMA))
+    assert result.verdict == "pass"
+    assert [finding.part for finding in result.findings] == [
+        "configuration", "component test attention-backend", "component test optimizer-offload", "convergence",
+    ]
+
+
+def test_nemotron_seed_lacks_its_offload_result(capsys):
+    assert main(["check", str(recipe_path(NEMOTRON))]) == 1
+    out = capsys.readouterr().out
+    assert "INCOMPLETE (the recipe says pass)" in out
+    assert "no H200 result attached" in out
+
+
+def test_a_failed_convergence_fails_the_check(tmp_path):
+    document = load_document(recipe_path(GEMMA))
+    document["correctness"]["convergence"]["result"] = "fail"
+    path = tmp_path / GEMMA.replace("/", "-")
+    write_recipe(path, document)
+    result = check_recipe(path, reference=recipe_path(GEMMA).parents[3] / "references" / f"{GEMMA}.yaml")
+    assert result.verdict == "fail"
+    assert {f.part: f.status for f in result.findings}["convergence"] == "fail"
+
+
+def test_check_json_and_bad_input(tmp_path, capsys):
+    assert main(["check", str(recipe_path(GEMMA)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    assert main(["check", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"recipe {broken}: malformed YAML" in err
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "correctness.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_run_writes_one_record_per_lever(tmp_path, workers):
+    results = tmp_path / "results"
+    finished = run_cli("run", str(recipe_path(GEMMA)), "--tier", "cpu", "--results-dir", str(results),
+                       "--workers", str(workers), "--", "-k", "offload", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "lever verdicts" in finished.stdout
+    (record,) = results.rglob("*.json")
+    data = json.loads(record.read_text())
+    assert data["verdict"] == "pass"
+    assert [case["case_id"] for case in data["cases"]] == data["lever"]["cases"]
+    assert not (results / ".parts").exists() or not any((results / ".parts").iterdir())
+
+
+def test_run_selects_nothing_for_a_recipe_without_component_tests_on_the_cpu(tmp_path):
+    finished = run_cli("run", str(recipe_path(NEMOTRON)), "--tier", "cpu", "--results-dir", str(tmp_path),
+                       "--", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 2
+    assert "no component test selected for Nemotron-3-Super-120B-A12B on H200" in finished.stdout
