@@ -18,7 +18,7 @@ from typing import Any
 from correctness.entries import generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.levers import KNOWN_LEVERS
-from correctness.recipes import load_document, load_recipe, validate_recipe, write_recipe
+from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
 from correctness.results import read_record
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
@@ -32,12 +32,18 @@ class Attached:
     action: str  # "added" or "replaced"
 
 
-def record_problems(record: dict[str, Any], model: str) -> list[str]:
-    """Why a record cannot be attached to a recipe of `model`; empty where it can."""
+def record_problems(record: dict[str, Any], recipe: Recipe) -> list[str]:
+    """Why a record cannot be attached to the recipe; empty where it can. A record belongs to a recipe
+    of the same model, GPU and tensor-parallel size (its shapes were derived from those)."""
     problems = []
     lever = record["lever"]
-    if record["recipe"]["model"] != model:
-        problems.append(f"it is for {record['recipe']['model']}, not {model}")
+    if record["recipe"]["model"] != recipe.model:
+        problems.append(f"it is for {record['recipe']['model']}, not {recipe.model}")
+    elif record["recipe"]["gpu"] != recipe.gpu:
+        problems.append(f"it is for the {record['recipe']['gpu']} recipe {record['recipe']['id']}, not an {recipe.gpu} one")
+    tp_sizes = {case["shape"].get("tp_size") for case in record["cases"]} - {None}
+    if tp_sizes and tp_sizes != {recipe.tp}:
+        problems.append(f"its shapes are for TP {sorted(tp_sizes)}, the recipe runs TP {recipe.tp}")
     known = KNOWN_LEVERS.get(lever["name"])
     if known and lever["version"] != known.version:
         problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
@@ -113,7 +119,7 @@ def attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], 
     validate_recipe(recipe.data, recipe.id)
     records = [(FilePath(path), read_record(path)) for path in record_paths]
     for path, record in records:
-        problems = record_problems(record, recipe.model)
+        problems = record_problems(record, recipe)
         if problems:
             raise CorrectnessError(f"record {path} refused, recipe {recipe_path} untouched: {'; '.join(problems)}")
     document = load_document(recipe_path)

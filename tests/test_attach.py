@@ -104,8 +104,11 @@ def test_an_entry_for_the_same_test_and_gpu_is_replaced(records, gemma_copy):
 def test_an_empty_flow_list_becomes_a_block_list(records, tmp_path):
     path = tmp_path / "nemotron.yaml"
     shutil.copy(recipe_path(NEMOTRON), path)
-    record = edited_record(records["optimizer-offload"], tmp_path,
-                           lambda data: data["recipe"].update(model="Nemotron-3-Super-120B-A12B"))
+    record = edited_record(
+        records["optimizer-offload"], tmp_path,
+        lambda data: (data["recipe"].update(model="Nemotron-3-Super-120B-A12B", gpu="H200"),
+                      [case["shape"].update(tp_size=4) for case in data["cases"]]),
+    )
     attach(path, [record])
     text = path.read_text()
     assert "component_tests: []" not in text
@@ -117,6 +120,8 @@ def test_an_empty_flow_list_becomes_a_block_list(records, tmp_path):
     [
         (lambda data: data["recipe"].update(model="Another-Model"), "it is for Another-Model, not Gemma-4-31B"),
         (lambda data: data["lever"].update(version=99), "version 99, this suite has 1"),
+        (lambda data: data["recipe"].update(gpu="H200"), "it is for the H200 recipe .*, not an H100 one"),
+        (lambda data: [case["shape"].update(tp_size=4) for case in data["cases"]], "shapes are for TP \\[4\\]"),
         (lambda data: data.update(verdict="fail"), "its verdict is fail but its cases say pass"),
         (lambda data: data["cases"][0]["controls"][0].update(fails_bound=False),
          "passes while its control 'no bias correction' passed"),
