@@ -1,4 +1,4 @@
-"""The optimizer-offload lever at the Gemma-4-31B recipe (see correctness/optimizer/lever.py)."""
+"""The optimizer-offload lever at both recipes (see correctness/optimizer/lever.py)."""
 
 from functools import partial
 
@@ -6,24 +6,36 @@ import pytest
 
 from correctness.optimizer import lever as offload
 
-RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
+GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
+NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+
+
+def both_recipes(tier):
+    return lambda options: [lever for recipe in (GEMMA, NEMOTRON) for lever in tier(recipe, options)]
 
 
 @pytest.mark.h100
 @pytest.mark.te
-@pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, RECIPE))
-def test_offload_fraction_with_te_fused_adam(lever, case, lever_check):
+@pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, GEMMA))
+def test_gemma_offload_with_te_fused_adam(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=partial(offload.cpu_tier, RECIPE))
-def test_offload_fraction_cpu(lever, case, lever_check):
+@pytest.mark.h200
+@pytest.mark.te
+@pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, NEMOTRON))
+def test_nemotron_offload_with_te_fused_adam(lever, case, lever_check):
     lever_check(lever, case)
 
 
 @pytest.mark.gpu
 @pytest.mark.te
 @pytest.mark.megatron
-@pytest.mark.levers(factory=partial(offload.megatron_tier, RECIPE))
-def test_offload_fraction_with_megatron_hybrid_optimizer(lever, case, lever_check):
+@pytest.mark.levers(factory=both_recipes(offload.megatron_tier))
+def test_offload_with_megatron_hybrid_optimizer(lever, case, lever_check):
+    lever_check(lever, case)
+
+
+@pytest.mark.levers(factory=both_recipes(offload.cpu_tier))
+def test_offload_fraction_cpu(lever, case, lever_check):
     lever_check(lever, case)

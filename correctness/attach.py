@@ -67,7 +67,7 @@ def record_problems(record: dict[str, Any], recipe: Recipe) -> list[str]:
 
 def entry_text(record: dict[str, Any]) -> dict[str, str]:
     known = KNOWN_LEVERS.get(record["lever"]["name"])
-    if known is None:
+    if known is None or known.wording is None:
         return generic_text(record)
     return importlib.import_module(known.wording).entry_text(record)
 

@@ -19,6 +19,7 @@ COMMANDS = {
     "converge": "check a candidate loss curve against a reference curve",
     "check": "one verdict for a recipe: configuration, component tests, convergence",
     "run": "run a recipe's component tests (pytest underneath) and write their records",
+    "capture-attention": "capture a trained model's attention inputs for the attention lever's checkpoint cases",
 }
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     )
     subcommands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():
-        module = importlib.import_module(f"correctness.commands.{name}")
+        module = importlib.import_module(f"correctness.commands.{name.replace('-', '_')}")
         sub = subcommands.add_parser(
             name, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )

@@ -5,6 +5,8 @@ generic wording of correctness.entries)."""
 from dataclasses import dataclass
 
 from correctness.attention import lever as attention
+from correctness.attention import packing
+from correctness.loss import packing as packed_loss
 from correctness.optimizer import lever as offload
 
 
@@ -12,7 +14,7 @@ from correctness.optimizer import lever as offload
 class KnownLever:
     name: str
     version: int
-    wording: str  # module with entry_text(record) -> {"shape", "detail", "note"}
+    wording: str | None = None  # module with entry_text(record) -> {shape, detail, note}; None: generic
 
 
 KNOWN_LEVERS = {
@@ -20,5 +22,7 @@ KNOWN_LEVERS = {
     for lever in (
         KnownLever(name=attention.NAME, version=attention.VERSION, wording="correctness.attention.entry"),
         KnownLever(name=offload.NAME, version=offload.VERSION, wording="correctness.optimizer.entry"),
+        KnownLever(name=packing.NAME, version=packing.VERSION),
+        KnownLever(name=packed_loss.NAME, version=packed_loss.VERSION),
     )
 }

@@ -51,6 +51,9 @@ class AttentionShape:
     softmax_scale: float
     dtype: str
     qkv_format: str  # "bshd" or "thd"
+    # THD only: the packed rows' cumulative lengths where they are not `batch` rows of `seq_len` each
+    # (a control that moves a row boundary sets them).
+    boundaries: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.heads % self.groups:
@@ -59,6 +62,16 @@ class AttentionShape:
             raise ShapeError(f"attention shape: unknown qkv_format {self.qkv_format!r}")
         if self.dtype not in DTYPES:
             raise ShapeError(f"attention shape: unknown dtype {self.dtype!r} (known: {sorted(DTYPES)})")
+        if self.boundaries is not None and (
+            self.qkv_format != "thd"
+            or self.boundaries[0] != 0
+            or self.boundaries[-1] != self.batch * self.seq_len
+            or list(self.boundaries) != sorted(self.boundaries)
+        ):
+            raise ShapeError(
+                f"attention shape {self.id}: boundaries {self.boundaries} must rise from 0 to"
+                f" {self.batch * self.seq_len} and need qkv_format thd"
+            )
 
     @property
     def gqa_ratio(self) -> int:
@@ -73,7 +86,12 @@ class AttentionShape:
         """THD: cumulative row lengths over the packed tokens; None for BSHD."""
         if self.qkv_format != "thd":
             return None
-        return tuple(row * self.seq_len for row in range(self.batch + 1))
+        return self.boundaries or tuple(row * self.seq_len for row in range(self.batch + 1))
+
+    @property
+    def tokens(self) -> int:
+        """Query positions per row (BSHD) or packed tokens in all (THD)."""
+        return self.batch * self.seq_len if self.qkv_format == "thd" else self.seq_len
 
     @property
     def window_text(self) -> str:
@@ -112,14 +130,17 @@ def attention_shape(
     tp = recipe.tp
     if not 0 <= tp_rank < tp:
         raise ShapeError(f"recipe {recipe.id}: TP rank {tp_rank} outside 0..{tp - 1}")
-    if facts.query_heads % tp or facts.kv_heads % tp:
+    if facts.query_heads % tp or (facts.kv_heads % tp and tp % facts.kv_heads):
         raise ShapeError(
             f"{model.name} {kind} attention: {facts.query_heads} query heads and {facts.kv_heads} key-value heads"
-            f" do not split evenly over TP {tp} (replicated key-value heads are not modelled yet)"
+            f" do not split over TP {tp}"
         )
-    groups = facts.kv_heads // tp
-    if scale.kv_groups is not None:
-        groups = min(groups, scale.kv_groups)
+    # Fewer key-value heads than TP ranks (Nemotron-3: 2 over TP 4): Megatron's attention.py gives each
+    # rank one group, the rank's own query heads attending it (megatron-core 0.16, the
+    # num_query_groups < world_size branch).
+    rank_groups = max(facts.kv_heads // tp, 1)
+    gqa_ratio = facts.query_heads // tp // rank_groups
+    groups = rank_groups if scale.kv_groups is None else min(rank_groups, scale.kv_groups)
     seq_len = scale.seq_len or recipe.row_tokens
     window = None if facts.window is None else (facts.window - 1, 0)
     if window is not None and seq_len <= facts.window:
@@ -138,7 +159,7 @@ def attention_shape(
         tp_rank=tp_rank,
         batch=scale.rows or recipe.rows_per_microbatch,
         seq_len=seq_len,
-        heads=groups * facts.gqa_ratio,
+        heads=groups * gqa_ratio,
         groups=groups,
         head_dim=facts.head_dim,
         window=window,

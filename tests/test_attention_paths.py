@@ -1,5 +1,6 @@
 """The attention lever's paths, masks, inputs and controls, at tiny shapes on the CPU."""
 
+import json
 import math
 import os
 
@@ -9,7 +10,13 @@ from safetensors.torch import save_file
 
 from correctness.attention import lever as attention
 from correctness.attention.eager import EagerUnfused
-from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, synthetic_inputs
+from correctness.attention.inputs import (
+    CAPTURE_FORMAT,
+    CAPTURE_FORMAT_VERSION,
+    checkpoint_file,
+    checkpoint_inputs,
+    synthetic_inputs,
+)
 from correctness.attention.masks import visible_keys
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
@@ -18,7 +25,10 @@ from correctness.compare import relative_l2_error
 from correctness.errors import CaseInputError, PathUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
-from correctness.shapes import AttentionShape
+from correctness.fixtures import recipe_path
+from correctness.models import load_model
+from correctness.recipes import load_recipe
+from correctness.shapes import AttentionShape, attention_shape
 
 CPU = torch.device("cpu")
 # In FP32 the working-precision paths differ from FP64 by rounding alone: any mask, grouping or
@@ -188,24 +198,36 @@ def test_thd_inputs_pack_rows():
     assert SHAPES["thd-window"].cu_seqlens == (0, 13, 26)
 
 
-def write_capture(folder, layer, shape, extra_seq=5, extra_groups=1, drop=None):
+def capture_metadata(shape, layer, groups):
+    """What `correctness capture-attention` writes, for a capture of `groups` key-value groups."""
+    return {
+        "format": CAPTURE_FORMAT, "format_version": CAPTURE_FORMAT_VERSION, "model_short_name": shape.model,
+        "layer": str(layer), "layer_kind": shape.layer_kind, "head_dim": str(shape.head_dim),
+        "kv_groups": str(groups), "query_heads": str(groups * shape.gqa_ratio),
+        "window_te": json.dumps(shape.window), "softmax_scale": json.dumps(shape.softmax_scale),
+        "tp_size": str(shape.tp_size), "tp_rank": str(shape.tp_rank),
+    }
+
+
+def write_capture(folder, layer, shape, extra_seq=5, groups=None, drop=None, metadata=True):
     generator = torch.Generator().manual_seed(layer)
-    groups = shape.groups + extra_groups
-    sizes = {"q": groups * shape.gqa_ratio, "k": groups, "v": groups}
+    groups = groups or shape.groups
+    sizes = {"q": groups * shape.gqa_ratio, "k": groups, "v": groups, "out": groups * shape.gqa_ratio}
     tensors = {
         name: torch.randn(shape.batch, shape.seq_len + extra_seq, heads, shape.head_dim, generator=generator)
         .to(torch.bfloat16)
         for name, heads in sizes.items()
         if name != drop
     }
-    save_file(tensors, str(checkpoint_file(folder, layer)))
+    save_file(tensors, str(checkpoint_file(folder, layer)),
+              metadata=capture_metadata(shape, layer, groups) if metadata else None)
     return tensors
 
 
 def test_checkpoint_inputs_are_sliced_to_the_case(tmp_path):
     shape = tiny_shape(dtype="bf16", batch=1)
-    stored = write_capture(tmp_path, 7, shape)
-    inputs = checkpoint_inputs(shape, checkpoint_file(tmp_path, 7), seed=0, device=CPU)
+    stored = write_capture(tmp_path, 7, shape, groups=3 * shape.groups)
+    inputs = checkpoint_inputs(shape, checkpoint_file(tmp_path, 7), seed=0, device=CPU, recipe_groups=3 * shape.groups)
     assert torch.equal(inputs.q, stored["q"][:, : shape.seq_len, : shape.heads])
     assert torch.equal(inputs.k, stored["k"][:, : shape.seq_len, : shape.groups])
     assert inputs.grad_out.shape == inputs.q.shape
@@ -221,10 +243,19 @@ def test_checkpoint_inputs_name_what_is_wrong(tmp_path):
     write_capture(tmp_path, 5, shape, extra_seq=-1)
     with pytest.raises(CaseInputError, match="tensor q is .* too small"):
         checkpoint_inputs(shape, checkpoint_file(tmp_path, 5), seed=0, device=CPU)
+    write_capture(tmp_path, 6, shape, metadata=False)
+    with pytest.raises(CaseInputError, match="not 'correctness.attention-capture' version 1"):
+        checkpoint_inputs(shape, checkpoint_file(tmp_path, 6), seed=0, device=CPU)
+    write_capture(tmp_path, 8, shape)
+    with pytest.raises(CaseInputError, match="window \\(3, 0\\) in the capture, the case needs \\(4, 0\\)"):
+        checkpoint_inputs(shape.with_changes(window=(4, 0)), checkpoint_file(tmp_path, 8), seed=0, device=CPU)
+
+
+GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
 
 def smoke_lever(options=LeverOptions()):
-    return attention.cpu_tier("gemma-4-31b/h100/attune-tp2-pp4-split13", options)[0]
+    return attention.cpu_tier(GEMMA, options)[0]
 
 
 def test_cpu_tier_declares_the_recipe_cases():
@@ -258,7 +289,9 @@ def test_checkpoint_case_runs_through_the_lever(tmp_path):
     """A captured sliding layer at smoke scale: candidate passes, controls fail."""
     lever = smoke_lever(LeverOptions(checkpoint_dir=tmp_path))
     case = next(c for c in lever.cases if c.source == "checkpoint" and c.shape.layer_kind == "sliding")
-    write_capture(tmp_path, int(case.id.rsplit("layer", 1)[1]), case.shape, extra_seq=0, extra_groups=0)
+    recipe_shape = attention_shape(load_recipe(recipe_path(GEMMA)), load_model("Gemma-4-31B"), "sliding")
+    write_capture(tmp_path, int(case.id.rsplit("layer", 1)[1]), case.shape.with_changes(seq_len=recipe_shape.seq_len // 4),
+                  extra_seq=0, groups=recipe_shape.groups)
     result = run_case(lever, case)
     assert result.status == "pass", result.failures
     assert [c.fails_bound for c in result.controls if c.judgement is not None] == [True]

@@ -69,8 +69,19 @@ def test_run_writes_one_record_per_lever(tmp_path, workers):
     assert not (results / ".parts").exists() or not any((results / ".parts").iterdir())
 
 
-def test_run_selects_nothing_for_a_recipe_without_component_tests_on_the_cpu(tmp_path):
-    finished = run_cli("run", str(recipe_path(NEMOTRON)), "--tier", "cpu", "--results-dir", str(tmp_path),
+def test_run_selects_nothing_for_a_recipe_no_lever_is_declared_for(tmp_path):
+    recipe = tmp_path / "gemma-on-a100.yaml"
+    recipe.write_text(recipe_path(GEMMA).read_text().replace("  type: H100\n", "  type: A100\n"))
+    finished = run_cli("run", str(recipe), "--tier", "cpu", "--results-dir", str(tmp_path),
                        "--", "-p", "no:cacheprovider", cwd=tmp_path)
     assert finished.returncode == 2
-    assert "no component test selected for Nemotron-3-Super-120B-A12B on H200" in finished.stdout
+    assert "no component test selected for Gemma-4-31B on A100" in finished.stdout
+
+
+def test_run_selects_the_recipes_own_levers(tmp_path):
+    finished = run_cli("run", str(recipe_path(NEMOTRON)), "--tier", "cpu", "--results-dir", str(tmp_path),
+                       "--", "-k", "loss", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    records = sorted(path.name for path in tmp_path.rglob("*.json"))
+    assert records == ["packed-loss--cpu--packed-token-sum.json"]
+    assert all("nemotron" in str(path) for path in tmp_path.rglob("*.json"))

@@ -97,8 +97,9 @@ def test_nemotron_seed_is_incomplete_for_want_of_an_offload_result():
     for flag in ("--recompute-granularity", "--recompute-modules", "--recompute-method", "--recompute-num-layers"):
         assert changes[flag].klass == "placement"
     assert changes["--recompute-method"].kind == "removed"
-    assert changes["--max-tokens-per-gpu"].klass == "batching"
-    assert changes["--max-tokens-per-gpu"].reference_values == ("1024",)
+    packing = changes["--max-tokens-per-gpu"]
+    assert (packing.klass, packing.lever, packing.outcome) == ("numerics", "thd-packing", "missing")
+    assert packing.reference_values == ("1024",)
     offload = changes["--optimizer-offload-fraction"]
     assert (offload.klass, offload.lever, offload.lever_result, offload.outcome) == (
         "numerics", "optimizer-offload", None, "missing")
@@ -123,7 +124,7 @@ def test_cli_json(run_cli):
         "default": ["1.0"], "class": "numerics", "reason": offload["reason"], "lever": "optimizer-offload",
         "lever_result": None, "outcome": "missing", "notes": [],
     }
-    assert data["counts"] == {"placement": 4, "numerics": 1, "batching": 1, "must-match": 0, "inert": 0, "unknown": 0}
+    assert data["counts"] == {"placement": 4, "numerics": 2, "batching": 0, "must-match": 0, "inert": 0, "unknown": 0}
 
 
 @pytest.mark.parametrize("recipe_id", SEEDS)
@@ -232,7 +233,8 @@ def _entry(test, result, lever=None):
     (_entry("TE's auto attention backend against its unfused attention", "pass"), "incomplete"),
 ])
 def test_lever_result_by_key_or_title(tmp_path, entry, verdict):
-    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests([entry]))
+    packing = _entry("eager attention over two packed rows (THD) against the same rows one at a time", "pass")
+    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests([entry, packing]))
     result = classify_copy(path, NEMOTRON)
     assert result.verdict == verdict
     expected = entry["result"] if verdict != "incomplete" else None
@@ -258,7 +260,8 @@ def test_gemma_prose_entries_match_by_title():
 def test_rules_file_ships_and_names_the_known_levers():
     rules = default_rules()
     assert set(rules.classes) == set(CLASSES)
-    assert set(rules.levers) == {"attention-backend", "optimizer-offload"}
+    assert set(rules.levers) == {"attention-backend", "optimizer-offload", "thd-packing"}
+    assert rules.rule("--max-tokens-per-gpu").lever == "thd-packing"
     assert rules.rule("--attention-backend").lever == "attention-backend"
     assert rules.rule("--optimizer-offload-fraction").lever == "optimizer-offload"
     assert rules.rule("--wandb-project").klass == "inert"  # by a pattern

@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -24,11 +25,14 @@ from correctness.optimizer.slices import (
     SMOKE,
     ParamSlice,
     checkpoint_tensor,
+    first_layer_of_each_kind,
+    layer_kinds,
     load_slice,
     param_slices,
     synthetic_slice,
 )
-from correctness.optimizer.split import CPU, GPU, offload_order, offload_split, offload_summary
+from correctness.optimizer.config import optimizer_config
+from correctness.optimizer.split import CPU, GPU, offload_order, offload_orders, offload_split, offload_summary
 from correctness.recipes import load_recipe
 
 RECIPE_ID = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -167,12 +171,13 @@ def test_smoke_scale_counts(recipe, gemma, fraction):
 # --- the split's rules -------------------------------------------------------------------------
 
 
-def fake(name, numel, index, decayed=True):
+def fake(name, numel, index, decayed=True, optimizer=None):
     shape = (numel, 1) if decayed else (numel,)
+    extra = {} if optimizer is None else {"optimizer": optimizer}
     return ParamSlice(
         name=name, shape=shape, layer=0, layer_kind=None, kind="row-parallel" if decayed else "norm",
         weight_decay=decayed, index=index, sources=(), fan_in=1, init_mean=0.0, init_std=1.0,
-        tp=1, tp_rank=0, scale="recipe",
+        tp=1, tp_rank=0, scale="recipe", **extra,
     )
 
 
@@ -507,3 +512,519 @@ def test_synthetic_values_span_blocks(recipe, gemma, monkeypatch):
 def test_synthetic_seed_must_be_an_integer(recipe, gemma):
     with pytest.raises(ValueError, match=r"synthetic seed 1\.5 is not an integer"):
         synthetic_slice(recipe_slices(recipe, gemma, scale=SMOKE)[2], 1.5)
+
+
+def test_gemma_slices_are_all_dense(recipe, gemma, fraction):
+    params = recipe_slices(recipe, gemma)
+    assert {(p.optimizer, p.ep, p.ep_rank, p.expert) for p in params} == {("dense", 1, 0, None)}
+    summary = offload_summary(params, fraction)
+    assert list(summary.optimizers) == ["dense"]
+    dense = summary.optimizers["dense"]
+    assert (dense.cpu, dense.gpu, dense.gpu_numel) == (summary.cpu, summary.gpu, summary.gpu_numel)
+    assert (dense.tensors, dense.parameters) == (21, 556_051_968)
+    assert first_layer_of_each_kind(gemma) == LAYERS
+
+
+# --- the split of several optimizers ---------------------------------------------------------
+
+
+def test_split_each_optimizer_on_its_own():
+    params = [
+        fake("a", 10, 0), fake("c", 10, 1, optimizer="expert"), fake("b", 10, 2),
+        fake("d", 10, 3, optimizer="expert"), fake("e", 10, 4, optimizer="expert"),
+    ]
+    # dense: threshold 10: b (0 < 10), then a (10 < 10 is false); expert: threshold 15: e, d, then c stays.
+    split = offload_split(params, 0.5)
+    assert split == {"b": CPU, "a": GPU, "e": CPU, "d": CPU, "c": GPU}
+    assert list(split) == ["b", "a", "e", "d", "c"]  # dense first, then expert
+    assert [p.name for p in offload_order(params)] == ["b", "a", "e", "d", "c"]
+    # One optimizer over all five would cut elsewhere (threshold 25: e, d, b go; c and a stay).
+    merged = [fake(p.name, p.numel, p.index) for p in params]
+    assert offload_split(merged, 0.5) == {"e": CPU, "d": CPU, "b": CPU, "c": GPU, "a": GPU}
+    summary = offload_summary(params, 0.5)
+    assert list(summary.optimizers) == ["dense", "expert"]
+    expert = summary.optimizers["expert"]
+    assert (expert.optimizer, expert.tensors, expert.parameters, expert.gpu_numel) == ("expert", 3, 30, 10)
+    assert expert.gpu_share == pytest.approx(1 / 3)
+    assert (summary.tensors, summary.gpu_numel, summary.optimizer) == (5, 20, None)
+
+
+def test_split_with_only_expert_parameters():
+    params = [fake("x", 4, 0, optimizer="expert"), fake("y", 4, 1, optimizer="expert")]
+    assert offload_split(params, 0.5) == {"y": CPU, "x": GPU}
+    assert list(offload_summary(params, 0.5).optimizers) == ["expert"]
+
+
+def test_split_rejects_an_unknown_optimizer():
+    with pytest.raises(ValueError, match=r"parameter a: optimizer 'moe' is not one of \['dense', 'expert'\]"):
+        offload_split([fake("a", 1, 0, optimizer="moe")], 0.5)
+
+
+# --- Nemotron-3-Super: hybrid Mamba-2 / MoE / attention at TP 4, EP 8 ---------------------------
+#
+# The recipe's offload fraction is 0.55 for each of Megatron's two optimizers. The figures below
+# are this derivation's result (nothing upstream states them): the recipe scale has 147 tensors,
+# 443,705,952 parameters (dense 19 / 91,384,416, expert 128 / 352,321,536); at 0.55 the dense
+# optimizer keeps the embedding slice and its 8 1-D tensors on the GPU (33,571,424, 36.74%), the
+# expert optimizer the first 57 experts' linear_fc1 (156,893,184, 44.53%).
+
+NEMOTRON_ID = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+EMBEDDING = "embedding.word_embeddings.weight"
+
+
+@pytest.fixture(scope="module")
+def nemotron_recipe():
+    return load_recipe(recipe_path(NEMOTRON_ID))
+
+
+@pytest.fixture(scope="module")
+def nemotron(nemotron_recipe):
+    return load_model(nemotron_recipe.model)
+
+
+def nemotron_slices(recipe, model, scale=RECIPE, **changes):
+    arguments = {
+        "tp": recipe.tp, "tp_rank": 0, "ep": recipe.field("layout.ep"), "ep_rank": 0,
+        "etp": recipe.field("layout.etp"), "layers": first_layer_of_each_kind(model),
+        "embedding_rows": EMBEDDING_ROWS, "scale": scale, **changes,
+    }
+    return param_slices(model, **arguments)
+
+
+MAMBA = [
+    "mixer.dt_bias", "mixer.A_log", "mixer.D", "mixer.in_proj.layer_norm_weight", "mixer.in_proj.weight",
+    "mixer.conv1d.weight", "mixer.conv1d.bias", "mixer.norm.weight", "mixer.out_proj.weight",
+]
+MOE_DENSE = [
+    "pre_mlp_layernorm.weight", "mlp.router.weight", "mlp.fc1_latent_proj.weight", "mlp.fc2_latent_proj.weight",
+]
+MOE_SHARED = ["mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc2.weight"]
+ATTENTION = [
+    "self_attention.linear_proj.weight", "self_attention.linear_qkv.layer_norm_weight",
+    "self_attention.linear_qkv.weight",
+]
+
+
+def test_nemotron_layers_come_from_the_pattern(nemotron):
+    symbols = nemotron.field("layer_pattern.symbols")
+    kinds = nemotron.field("layer_pattern.kinds")
+    assert layer_kinds(nemotron) == ("mamba", "moe", "attention")
+    expected = tuple(sorted(symbols.index(symbol) for symbol in kinds))
+    assert first_layer_of_each_kind(nemotron) == expected == (0, 1, 7)
+    assert [nemotron.layer_kind(layer) for layer in expected] == ["mamba", "moe", "attention"]
+
+
+def test_nemotron_recipe_inventory(nemotron_recipe, nemotron):
+    params = nemotron_slices(nemotron_recipe, nemotron)
+    assert (nemotron_recipe.tp, nemotron_recipe.field("layout.ep"), nemotron_recipe.field("layout.etp")) == (4, 8, 1)
+    assert len(params) == 147 and sum(p.numel for p in params) == 443_705_952
+    assert [p.index for p in params] == list(range(147))
+    local = nemotron.field("moe.experts") // 8
+    assert local == 64
+    experts = [f"mlp.experts.linear_fc1.weight{i}" for i in range(local)]
+    experts += [f"mlp.experts.linear_fc2.weight{i}" for i in range(local)]
+    assert [p.name for p in params] == (
+        [EMBEDDING]
+        + [f"decoder.layers.0.{n}" for n in MAMBA]
+        + [f"decoder.layers.1.{n}" for n in MOE_DENSE + experts + MOE_SHARED]
+        + [f"decoder.layers.7.{n}" for n in ATTENTION]
+    )
+    dense = [p for p in params if p.optimizer == "dense"]
+    expert = [p for p in params if p.optimizer == "expert"]
+    assert (len(dense), sum(p.numel for p in dense)) == (19, 91_384_416)
+    assert (len(expert), sum(p.numel for p in expert)) == (128, 352_321_536)
+    assert {p.kind for p in expert} == {"expert"} and all(".experts." in p.name for p in expert)
+    assert [p.expert for p in expert] == list(range(local)) * 2
+    for param in params:
+        assert (param.tp, param.tp_rank, param.ep, param.ep_rank, param.scale) == (4, 0, 8, 0, "recipe")
+        assert param.weight_decay == (len(param.shape) >= 2 and not param.name.endswith(".bias"))
+        assert (param.expert is None) == (param.optimizer == "dense")
+    assert {p.layer_kind for p in params} == {None, "mamba", "moe", "attention"}
+
+    by_name = {p.name: p for p in params}
+    f = nemotron.field
+    tp, hidden = 4, f("hidden_size")
+    heads, head_dim, groups, state = f("mamba.heads"), f("mamba.head_dim"), f("mamba.groups"), f("mamba.state_size")
+    inner, bc = heads * head_dim, groups * state
+    attention = nemotron.attention_kind("attention")
+    shapes = {
+        EMBEDDING: (EMBEDDING_ROWS, hidden),
+        "decoder.layers.0.mixer.dt_bias": (heads // tp,),
+        "decoder.layers.0.mixer.A_log": (heads // tp,),
+        "decoder.layers.0.mixer.D": (heads // tp,),
+        "decoder.layers.0.mixer.in_proj.layer_norm_weight": (hidden,),
+        "decoder.layers.0.mixer.in_proj.weight": ((2 * inner + 2 * bc + heads) // tp, hidden),
+        "decoder.layers.0.mixer.conv1d.weight": ((inner + 2 * bc) // tp, 1, f("mamba.conv_kernel")),
+        "decoder.layers.0.mixer.conv1d.bias": ((inner + 2 * bc) // tp,),
+        "decoder.layers.0.mixer.norm.weight": (inner // tp,),
+        "decoder.layers.0.mixer.out_proj.weight": (hidden, inner // tp),
+        "decoder.layers.1.pre_mlp_layernorm.weight": (hidden,),
+        "decoder.layers.1.mlp.router.weight": (f("moe.experts"), hidden),
+        "decoder.layers.1.mlp.fc1_latent_proj.weight": (f("moe.latent_size"), hidden),
+        "decoder.layers.1.mlp.fc2_latent_proj.weight": (hidden, f("moe.latent_size")),
+        "decoder.layers.1.mlp.experts.linear_fc1.weight0": (f("moe.expert_ffn_hidden_size"), f("moe.latent_size")),
+        "decoder.layers.1.mlp.experts.linear_fc2.weight63": (f("moe.latent_size"), f("moe.expert_ffn_hidden_size")),
+        "decoder.layers.1.mlp.shared_experts.linear_fc1.weight": (f("moe.shared_expert_ffn_hidden_size") // tp, hidden),
+        "decoder.layers.1.mlp.shared_experts.linear_fc2.weight": (hidden, f("moe.shared_expert_ffn_hidden_size") // tp),
+        "decoder.layers.7.self_attention.linear_proj.weight": (
+            hidden, attention.query_heads * attention.head_dim // tp),
+        "decoder.layers.7.self_attention.linear_qkv.layer_norm_weight": (hidden,),
+        # The fused [16 q, k0, v0, 16 q, k1, v1] rows split evenly: 1,152 rows, 9 query heads' worth.
+        "decoder.layers.7.self_attention.linear_qkv.weight": (
+            (attention.query_heads + 2 * attention.kv_heads) * attention.head_dim // tp, hidden),
+    }
+    assert {name: by_name[name].shape for name in shapes} == shapes
+    assert shapes["decoder.layers.7.self_attention.linear_qkv.weight"] == (1152, 4096)
+    assert shapes["decoder.layers.0.mixer.in_proj.weight"] == (4640, 4096)
+    assert shapes["decoder.layers.0.mixer.conv1d.weight"] == (2560, 1, 4)
+    kinds = {
+        "decoder.layers.0.mixer.A_log": "column-parallel", "decoder.layers.0.mixer.out_proj.weight": "row-parallel",
+        "decoder.layers.1.mlp.router.weight": "replicated", "decoder.layers.1.pre_mlp_layernorm.weight": "norm",
+        "decoder.layers.1.mlp.fc2_latent_proj.weight": "replicated",
+    }
+    assert {name: by_name[name].kind for name in kinds} == kinds
+    assert by_name["decoder.layers.0.mixer.conv1d.weight"].weight_decay  # 3-D: Megatron decays it
+    assert not by_name["decoder.layers.0.mixer.conv1d.bias"].weight_decay
+
+
+def test_nemotron_checkpoint_pieces(nemotron_recipe, nemotron):
+    """Rank 0's rows of the fused tensors, as Megatron-Bridge assembles them."""
+    by_name = {p.name: p for p in nemotron_slices(nemotron_recipe, nemotron)}
+
+    def pieces(name):
+        return [(s.tensor.removeprefix("backbone."), s.rows, s.cols, s.at) for s in by_name[name].sources]
+
+    inner, bc, heads = 8192, 1024, 128
+    assert pieces("decoder.layers.0.mixer.in_proj.weight") == [
+        ("layers.0.mixer.in_proj.weight", (0, 2048), (0, 4096), 0),  # z
+        ("layers.0.mixer.in_proj.weight", (inner, inner + 2048), (0, 4096), 2048),  # x
+        ("layers.0.mixer.in_proj.weight", (2 * inner, 2 * inner + 256), (0, 4096), 4096),  # B: groups 0-1
+        ("layers.0.mixer.in_proj.weight", (2 * inner + bc, 2 * inner + bc + 256), (0, 4096), 4352),  # C
+        ("layers.0.mixer.in_proj.weight", (2 * inner + 2 * bc, 2 * inner + 2 * bc + 32), (0, 4096), 4608),  # dt
+    ]
+    assert 2 * inner + 2 * bc + heads == 18_560
+    assert pieces("decoder.layers.0.mixer.conv1d.weight") == [
+        ("layers.0.mixer.conv1d.weight", (0, 2048), None, 0),
+        ("layers.0.mixer.conv1d.weight", (inner, inner + 256), None, 2048),
+        ("layers.0.mixer.conv1d.weight", (inner + bc, inner + bc + 256), None, 2304),
+    ]
+    assert pieces("decoder.layers.0.mixer.A_log") == [("layers.0.mixer.A_log", (0, 32), None, 0)]
+    assert pieces("decoder.layers.7.self_attention.linear_qkv.weight") == [
+        ("layers.7.mixer.q_proj.weight", (0, 1152), (0, 4096), 0),  # query heads 0-8, no K/V rows
+    ]
+    assert pieces("decoder.layers.1.mlp.experts.linear_fc2.weight5") == [
+        ("layers.1.mixer.experts.5.down_proj.weight", (0, 1024), (0, 2688), 0)]
+    assert pieces("decoder.layers.1.mlp.router.weight") == [("layers.1.mixer.gate.weight", (0, 512), (0, 4096), 0)]
+    assert pieces("decoder.layers.1.pre_mlp_layernorm.weight") == [("layers.1.norm.weight", (0, 4096), None, 0)]
+
+
+@pytest.mark.parametrize("rank, expected", [
+    (0, [("q", (0, 1152), 0)]),
+    (1, [("q", (1152, 2048), 0), ("k", (0, 128), 896), ("v", (0, 128), 1024)]),
+    (2, [("q", (2048, 3200), 0)]),
+    (3, [("q", (3200, 4096), 0), ("k", (128, 256), 896), ("v", (128, 256), 1024)]),
+])
+def test_nemotron_qkv_rows_per_tp_rank(nemotron_recipe, nemotron, rank, expected):
+    qkv = next(p for p in nemotron_slices(nemotron_recipe, nemotron, tp_rank=rank, layers=[7])
+               if p.name.endswith("linear_qkv.weight"))
+    assert qkv.shape == (1152, 4096)
+    assert [(s.tensor.split(".")[-2][0], s.rows, s.at) for s in qkv.sources] == expected
+
+
+def test_nemotron_recipe_split(nemotron_recipe, nemotron):
+    params = nemotron_slices(nemotron_recipe, nemotron)
+    fraction = optimizer_config(nemotron_recipe).offload_fraction
+    assert fraction == 0.55
+    summary = offload_summary(params, fraction)
+    dense, expert = summary.optimizers["dense"], summary.optimizers["expert"]
+    assert (dense.tensors, dense.parameters, len(dense.gpu), dense.gpu_numel) == (19, 91_384_416, 9, 33_571_424)
+    assert round(100 * dense.gpu_share, 2) == 36.74
+    one_d = {p.name for p in params if len(p.shape) == 1}
+    assert len(one_d) == 8
+    assert set(dense.gpu) == one_d | {EMBEDDING}
+    assert dense.cpu[-1] == "decoder.layers.0.mixer.in_proj.weight"  # the tensor that crosses 55%
+    assert (expert.tensors, expert.parameters, len(expert.cpu), len(expert.gpu)) == (128, 352_321_536, 71, 57)
+    assert expert.gpu_numel == 156_893_184 and round(100 * expert.gpu_share, 2) == 44.53
+    fc1 = "decoder.layers.1.mlp.experts.linear_fc1.weight"
+    assert expert.gpu == tuple(f"{fc1}{i}" for i in range(56, -1, -1))  # reverse model order
+    assert (summary.tensors, summary.gpu_numel) == (147, 190_464_608)
+    assert round(100 * summary.gpu_share, 2) == 42.93
+    split = offload_split(params, fraction)
+    assert split == {**{n: CPU for n in dense.cpu}, **{n: GPU for n in dense.gpu},
+                     **{n: CPU for n in expert.cpu}, **{n: GPU for n in expert.gpu}}
+    # Each optimizer on its own: the dense split does not move when the experts are left out.
+    alone = offload_split([p for p in params if p.optimizer == "dense"], fraction)
+    assert alone == {name: split[name] for name in alone}
+    order = [p.name for p in offload_orders(params)["dense"]]
+    assert order[:3] == [
+        "decoder.layers.7.self_attention.linear_qkv.weight",
+        "decoder.layers.7.self_attention.linear_proj.weight",
+        "decoder.layers.1.mlp.shared_experts.linear_fc2.weight",
+    ]
+    assert order[10] == EMBEDDING and order[-1] == "decoder.layers.0.mixer.dt_bias"
+
+
+def test_nemotron_smoke_scale(nemotron_recipe, nemotron):
+    big = nemotron_slices(nemotron_recipe, nemotron)
+    params = nemotron_slices(nemotron_recipe, nemotron, scale=SMOKE)
+    assert [(p.name, p.kind, p.weight_decay, p.index, p.optimizer, p.expert) for p in params] == [
+        (p.name, p.kind, p.weight_decay, p.index, p.optimizer, p.expert) for p in big
+    ]
+    assert len(params) == 147 and sum(p.numel for p in params) == 1_865_472
+    assert sum(p.numel for p in params if p.optimizer == "dense") == 489_216
+    assert sum(p.numel for p in params if p.optimizer == "expert") == 1_376_256
+    for small, large in zip(params, big):
+        assert small.sources == () and small.scale == "smoke"
+        if small.kind in ("expert", "row-parallel", "embedding") or small.name.endswith("latent_proj.weight"):
+            assert small.numel * 256 == large.numel, small.name
+    by_name = {p.name: p for p in params}
+    assert by_name["decoder.layers.0.mixer.in_proj.weight"].shape == (320, 256)  # 128 + 128 + 16 + 16 + 32 heads
+    assert by_name["decoder.layers.0.mixer.conv1d.weight"].shape == (160, 1, 4)
+    assert by_name["decoder.layers.1.mlp.router.weight"].shape == (512, 256)  # expert rows kept
+    assert by_name["decoder.layers.7.self_attention.linear_qkv.weight"].shape == (72, 256)
+    summary = offload_summary(params, 0.55)
+    dense, expert = summary.optimizers["dense"], summary.optimizers["expert"]
+    assert (len(dense.gpu), dense.gpu_numel, round(100 * dense.gpu_share, 2)) == (11, 214_784, 43.9)
+    assert (len(expert.gpu), expert.gpu_numel) == (57, 612_864)
+    recipe_summary = offload_summary(big, 0.55)
+    assert expert.gpu == recipe_summary.optimizers["expert"].gpu
+    # The unscaled router (512 expert rows) weighs more at the smoke scale: the dense cut moves by
+    # two tensors, Mamba's in_proj and conv1d weight, which stay on the GPU here.
+    assert set(dense.gpu) - set(recipe_summary.optimizers["dense"].gpu) == {
+        "decoder.layers.0.mixer.in_proj.weight", "decoder.layers.0.mixer.conv1d.weight"}
+    assert set(recipe_summary.optimizers["dense"].gpu) < set(dense.gpu)
+
+
+def test_nemotron_other_expert_ranks(nemotron_recipe, nemotron):
+    rank0 = nemotron_slices(nemotron_recipe, nemotron, scale=SMOKE)
+    rank7 = nemotron_slices(nemotron_recipe, nemotron, ep_rank=7)
+    assert [p.name for p in rank7] == [p.name for p in rank0]  # local expert names repeat
+    experts = [p for p in rank7 if p.optimizer == "expert"]
+    assert [p.expert for p in experts] == list(range(448, 512)) * 2
+    assert experts[0].sources[0].tensor == "backbone.layers.1.mixer.experts.448.up_proj.weight"
+    rank7_smoke = nemotron_slices(nemotron_recipe, nemotron, ep_rank=7, scale=SMOKE)
+    same_dense = [(a, b) for a, b in zip(rank0, rank7_smoke) if a.optimizer == "dense"]
+    assert all(torch.equal(synthetic_slice(a, 0), synthetic_slice(b, 0)) for a, b in same_dense[:3])
+    first0, first7 = (next(p for p in params if p.optimizer == "expert") for params in (rank0, rank7_smoke))
+    assert first0.name == first7.name
+    assert not torch.equal(synthetic_slice(first0, 0), synthetic_slice(first7, 0))
+
+
+def test_nemotron_without_expert_parallelism(nemotron):
+    params = param_slices(nemotron, tp=4, tp_rank=0, layers=[1], embedding_rows=16, scale=SMOKE)
+    experts = [p for p in params if p.kind == "expert"]
+    assert len(experts) == 2 * nemotron.field("moe.experts")
+    assert {p.optimizer for p in params} == {"dense"}  # EP 1: Megatron's allreduce=True, one optimizer
+    assert experts[-1].name == "decoder.layers.1.mlp.experts.linear_fc2.weight511"
+
+
+@pytest.mark.parametrize(
+    "changes, error, message",
+    [
+        ({"ep_rank": 8}, ShapeError, r"Nemotron-3-Super-120B-A12B: EP rank 8 outside 0\.\.7"),
+        ({"ep_rank": -1}, ShapeError, r"EP rank -1 outside 0\.\.7"),
+        ({"ep_rank": True}, ShapeError, r"EP rank True outside"),
+        ({"ep": 0}, ShapeError, r"EP size 0 must be a positive integer"),
+        ({"ep": 3, "ep_rank": 0}, ShapeError, r"512 experts do not split evenly over EP 3"),
+        ({"etp": 2}, ShapeError, r"expert tensor parallelism 2 is not modelled \(ETP 1 only\)"),
+        ({"etp": 0}, ShapeError, r"ETP size 0 must be a positive integer"),
+        ({"tp_rank": 4}, ShapeError, r"TP rank 4 outside 0\.\.3"),
+        ({"tp": 3, "tp_rank": 0}, ShapeError, r"vocabulary 131072 does not split evenly over TP 3"),
+        ({"tp": 16, "tp_rank": 0}, ShapeError,
+         r"mixer\.in_proj\.weight: Mamba groups 8 does not split evenly over TP 16"),
+        ({"layers": (0, 88)}, RecipeError, r"layer 88 outside 0\.\.87"),
+        ({"layers": (1, 1)}, ShapeError, r"layer 1 is listed twice"),
+        ({"embedding_rows": 32_769}, ShapeError, r"embedding rows 32769 outside 1\.\.32768"),
+        ({"embedding_rows": 8200, "scale": SMOKE}, ShapeError, r"smoke scale: embedding rows 8200 is not divisible"),
+    ],
+)
+def test_nemotron_inventory_errors(nemotron_recipe, nemotron, changes, error, message):
+    with pytest.raises(error, match=message) as raised:
+        nemotron_slices(nemotron_recipe, nemotron, **changes)
+    assert "\n" not in str(raised.value)
+
+
+def test_nemotron_spec_errors(nemotron):
+    data = copy.deepcopy(nemotron.data)
+    del data["megatron"]["layer_tensors"]["moe"]
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(RecipeError, match=r"megatron\.layer_tensors has no tensors for layer kind 'moe'"):
+        param_slices(broken, tp=4, tp_rank=0, ep=8, layers=[1], embedding_rows=8)
+    data = copy.deepcopy(nemotron.data)
+    data["megatron"]["layer_tensors"]["mamba"][0]["parts"] = ["head_dim"]
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(RecipeError, match=r"dimension head_dim needs an attention layer kind, not 'mamba'"):
+        param_slices(broken, tp=4, tp_rank=0, layers=[0], embedding_rows=8)
+    data = copy.deepcopy(nemotron.data)
+    data["megatron"]["layer_tensors"]["mamba"].append(data["megatron"]["layer_tensors"]["attention"][2])
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(RecipeError, match=r"linear_qkv\.weight: qkv-grouped needs an attention layer kind"):
+        param_slices(broken, tp=4, tp_rank=0, layers=[0], embedding_rows=8)
+    data = copy.deepcopy(nemotron.data)
+    data["attention"]["kinds"]["attention"]["kv_heads"] = 3
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(ShapeError, match=r"32 query heads do not divide into 3 groups"):
+        param_slices(broken, tp=4, tp_rank=0, layers=[7], embedding_rows=8)
+    data["attention"]["query_heads"], data["attention"]["kinds"]["attention"]["kv_heads"] = 24, 3
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(ShapeError, match=r"3 key-value heads do not spread evenly over TP 4"):
+        param_slices(broken, tp=4, tp_rank=0, layers=[7], embedding_rows=8)
+    data = copy.deepcopy(nemotron.data)
+    data["megatron"]["layer_tensors"]["mamba"][1]["parts"] = ["mamba_head"]
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(RecipeError, match=r"megatron tensor mixer\.A_log: part 'mamba_head' is not one of \['hidden'"):
+        param_slices(broken, tp=4, tp_rank=0, layers=[0], embedding_rows=8)
+    data = copy.deepcopy(nemotron.data)
+    del data["synthetic"]["tensors"]["A_log"]
+    broken = ModelFacts(name="Broken", short_name="broken", data=data)
+    with pytest.raises(RecipeError, match=r"missing field synthetic\.tensors\.A_log\.mean"):
+        param_slices(broken, tp=4, tp_rank=0, layers=[0], embedding_rows=8)
+
+
+def test_nemotron_synthetic_magnitudes(nemotron_recipe, nemotron):
+    params = {p.name: p for p in nemotron_slices(nemotron_recipe, nemotron, scale=SMOKE)}
+    for name, key in (("mixer.A_log", "A_log"), ("mixer.dt_bias", "dt_bias"), ("mixer.conv1d.weight", "conv1d_weight")):
+        param = params[f"decoder.layers.0.{name}"]
+        magnitudes = nemotron.field(f"synthetic.tensors.{key}")
+        assert (param.init_mean, param.init_std) == (magnitudes["mean"], magnitudes["std"])
+    conv = synthetic_slice(params["decoder.layers.0.mixer.conv1d.weight"], 0).double()  # 640 values
+    assert conv.shape == (160, 1, 4)
+    assert conv.std() == pytest.approx(nemotron.field("synthetic.tensors.conv1d_weight.std"), rel=0.1)
+    gain = params["decoder.layers.0.mixer.norm.weight"]  # a TP-split gain: drawn like a norm gain
+    assert (gain.init_mean, gain.init_std) == (nemotron.field("synthetic.norm_gain_mean"),
+                                               nemotron.field("synthetic.norm_gain_std"))
+    expert = params["decoder.layers.1.mlp.experts.linear_fc2.weight3"]
+    assert expert.fan_in == nemotron.field("moe.expert_ffn_hidden_size") // 16
+    values = synthetic_slice(expert, 0).double()
+    assert values.std() == pytest.approx(1 / math.sqrt(expert.fan_in), rel=0.05)
+
+
+# --- Nemotron-3 values from a checkpoint: a tiny Nemotron-H in a fake checkpoint -----------------
+
+
+@pytest.fixture(scope="module")
+def tiny_nemotron(nemotron):
+    """Nemotron-3-Super's layout at toy size: 8 query heads over 2 key-value groups (fewer than TP 4),
+    8 Mamba heads of dim 2 in 4 groups of state 3, 8 experts over EP 2."""
+    data = copy.deepcopy(nemotron.data)
+    data.update(name="Tiny-Nemotron-H", short_name="tiny-nh", layers=4, hidden_size=4, vocab_size=32)
+    data["layer_pattern"]["symbols"] = "ME*M"
+    data["attention"]["query_heads"] = 8
+    data["attention"]["kinds"]["attention"].update(kv_heads=2, head_dim=2)
+    data["mamba"].update(heads=8, head_dim=2, state_size=3, groups=4, conv_kernel=4)
+    data["moe"].update(experts=8, expert_ffn_hidden_size=6, latent_size=2, shared_expert_ffn_hidden_size=8)
+    return ModelFacts(name="Tiny-Nemotron-H", short_name="tiny-nh", data=data)
+
+
+def nemotron_full_tensors(model):
+    generator = torch.Generator().manual_seed(11)
+    f = model.field
+    hidden, heads, head_dim = f("hidden_size"), f("mamba.heads"), f("mamba.head_dim")
+    inner, bc, kernel = heads * head_dim, f("mamba.groups") * f("mamba.state_size"), f("mamba.conv_kernel")
+    q_heads, attention = f("attention.query_heads"), model.attention_kind("attention")
+    latent, ffn, shared = f("moe.latent_size"), f("moe.expert_ffn_hidden_size"), f("moe.shared_expert_ffn_hidden_size")
+
+    def randn(*shape):
+        return torch.randn(shape, generator=generator).to(torch.bfloat16)
+
+    def hf(key, layer, expert=None):
+        return checkpoint_tensor(model, key, layer, expert)
+
+    tensors = {checkpoint_tensor(model, "embed_tokens"): randn(f("vocab_size"), hidden)}
+    for layer in range(model.layers):
+        tensors[hf("norm", layer)] = randn(hidden)
+        kind = model.layer_kind(layer)
+        if kind == "mamba":
+            shapes = {"in_proj": (2 * inner + 2 * bc + heads, hidden), "conv1d_weight": (inner + 2 * bc, 1, kernel),
+                      "conv1d_bias": (inner + 2 * bc,), "dt_bias": (heads,), "A_log": (heads,), "D": (heads,),
+                      "mixer_norm": (inner,), "out_proj": (hidden, inner)}
+        elif kind == "moe":
+            shapes = {"router": (f("moe.experts"), hidden), "fc1_latent_proj": (latent, hidden),
+                      "fc2_latent_proj": (hidden, latent), "shared_up_proj": (shared, hidden),
+                      "shared_down_proj": (hidden, shared)}
+            for expert in range(f("moe.experts")):
+                tensors[hf("expert_up_proj", layer, expert)] = randn(ffn, latent)
+                tensors[hf("expert_down_proj", layer, expert)] = randn(latent, ffn)
+        else:
+            kv = attention.kv_heads * attention.head_dim
+            shapes = {"q_proj": (q_heads * attention.head_dim, hidden), "k_proj": (kv, hidden),
+                      "v_proj": (kv, hidden), "o_proj": (hidden, q_heads * attention.head_dim)}
+        for key, shape in shapes.items():
+            tensors[hf(key, layer)] = randn(*shape)
+    return tensors
+
+
+def nemotron_expected_slice(model, tensors, param, tp, rank, rows):
+    """The rank's slice cut by hand from the whole tensors, as Megatron-Bridge's Nemotron-H mappings
+    (QKVMapping, MambaInProjMapping, MambaConv1dMapping, Column/RowParallelMapping) cut them."""
+    if param.name == EMBEDDING:
+        return tensors[checkpoint_tensor(model, "embed_tokens")].chunk(tp)[rank][:rows]
+    f = model.field
+    hidden, heads, inner = f("hidden_size"), f("mamba.heads"), f("mamba.heads") * f("mamba.head_dim")
+    bc = f("mamba.groups") * f("mamba.state_size")
+    layer = param.layer
+    suffix = param.name.split(".", 3)[3]
+
+    def hf(key):
+        return tensors[checkpoint_tensor(model, key, layer)]
+
+    def by_parts(whole, sizes):
+        parts = whole.split(sizes)
+        return torch.cat([part.reshape(tp, -1, *whole.shape[1:]) for part in parts], dim=1)[rank]
+
+    if suffix.endswith(("layer_norm_weight", "pre_mlp_layernorm.weight")):
+        return hf("norm")
+    if param.kind == "expert":
+        key = "expert_up_proj" if "linear_fc1" in suffix else "expert_down_proj"
+        return tensors[checkpoint_tensor(model, key, layer, param.expert)]
+    simple = {
+        "mixer.out_proj.weight": ("out_proj", "row"), "self_attention.linear_proj.weight": ("o_proj", "row"),
+        "mlp.shared_experts.linear_fc2.weight": ("shared_down_proj", "row"),
+        "mlp.shared_experts.linear_fc1.weight": ("shared_up_proj", "column"),
+        "mixer.A_log": ("A_log", "column"), "mixer.D": ("D", "column"), "mixer.dt_bias": ("dt_bias", "column"),
+        "mixer.norm.weight": ("mixer_norm", "column"),
+        "mlp.router.weight": ("router", "whole"), "mlp.fc1_latent_proj.weight": ("fc1_latent_proj", "whole"),
+        "mlp.fc2_latent_proj.weight": ("fc2_latent_proj", "whole"),
+    }
+    if suffix in simple:
+        key, how = simple[suffix]
+        whole = hf(key)
+        return whole if how == "whole" else whole.chunk(tp, dim=1 if how == "row" else 0)[rank]
+    if suffix == "mixer.in_proj.weight":
+        return by_parts(hf("in_proj"), [inner, inner, bc, bc, heads])
+    if suffix in ("mixer.conv1d.weight", "mixer.conv1d.bias"):
+        return by_parts(hf("conv1d_weight" if suffix.endswith("weight") else "conv1d_bias"), [inner, bc, bc])
+    if suffix == "self_attention.linear_qkv.weight":
+        kind = model.attention_kind("attention")
+        groups, d = kind.kv_heads, kind.head_dim
+        q = hf("q_proj").view(groups, -1, d, hidden)
+        k, v = hf("k_proj").view(groups, 1, d, hidden), hf("v_proj").view(groups, 1, d, hidden)
+        return torch.cat([q, k, v], dim=1).reshape(-1, hidden).chunk(tp)[rank]
+    raise AssertionError(f"no hand slicing for {param.name}")
+
+
+@pytest.mark.parametrize("tp_rank, ep_rank", [(0, 0), (1, 1), (3, 1)])
+def test_nemotron_checkpoint_slices_match_hand_slicing(tiny_nemotron, tmp_path, tp_rank, ep_rank):
+    tensors = nemotron_full_tensors(tiny_nemotron)
+    folder = write_checkpoint(tmp_path / "ckpt", tensors, shards=3)
+    params = param_slices(tiny_nemotron, tp=4, tp_rank=tp_rank, ep=2, ep_rank=ep_rank,
+                          layers=first_layer_of_each_kind(tiny_nemotron), embedding_rows=5)
+    assert first_layer_of_each_kind(tiny_nemotron) == (0, 1, 2)
+    assert len(params) == 1 + 9 + 4 + 2 * 4 + 2 + 3
+    assert {p.expert for p in params if p.optimizer == "expert"} == set(range(4 * ep_rank, 4 * ep_rank + 4))
+    for param in params:
+        values = load_slice(folder, param)
+        assert values.dtype == torch.bfloat16 and tuple(values.shape) == param.shape, param.name
+        assert torch.equal(values, nemotron_expected_slice(tiny_nemotron, tensors, param, 4, tp_rank, 5)), param.name
+
+
+def test_nemotron_checkpoint_conv_shape_is_checked(tiny_nemotron, tmp_path):
+    tensors = nemotron_full_tensors(tiny_nemotron)
+    name = checkpoint_tensor(tiny_nemotron, "conv1d_weight", 0)
+    tensors[name] = tensors[name][:, 0]  # stored 2-D instead of [channels, 1, kernel]
+    folder = write_checkpoint(tmp_path / "ckpt", tensors)
+    conv = next(p for p in param_slices(tiny_nemotron, tp=4, tp_rank=0, layers=[0], embedding_rows=1)
+                if p.name.endswith("conv1d.weight"))
+    message = rf"checkpoint tensor {re.escape(name)} has shape \[40, 4\]; {conv.name} needs its rows 0:4$"
+    with pytest.raises(CaseInputError, match=message):
+        load_slice(folder, conv)

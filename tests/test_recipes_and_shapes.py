@@ -4,6 +4,7 @@ The numbers here (heads, groups, head dims, windows, layer indices) are the spec
 derivation must reproduce, taken from the two recipes and the models' public configs.
 """
 
+import dataclasses
 import hashlib
 import re
 
@@ -325,12 +326,22 @@ def test_a_tp_rank_outside_the_recipe_is_refused(gemma_recipe, gemma, rank):
         attention_shape(gemma_recipe, gemma, "sliding", tp_rank=rank)
 
 
-def test_nemotron_at_tp4_is_refused_clearly(nemotron_recipe, nemotron):
-    with pytest.raises(ShapeError) as refused:
-        attention_shape(nemotron_recipe, nemotron, "attention")
-    message = str(refused.value)
-    assert "2 key-value heads" in message and "TP 4" in message and "not modelled yet" in message
-    assert message.startswith("Nemotron-3-Super-120B-A12B attention attention:")
+def test_nemotron_at_tp4_gives_each_rank_one_group(nemotron_recipe, nemotron):
+    """2 key-value heads over TP 4: Megatron gives every rank one group and its 8 query heads."""
+    shape = attention_shape(nemotron_recipe, nemotron, "attention")
+    assert (shape.heads, shape.groups, shape.head_dim, shape.window) == (8, 1, 128, None)
+    assert shape.softmax_scale == pytest.approx(128 ** -0.5)
+    assert (shape.qkv_format, shape.batch, shape.cu_seqlens) == ("thd", 2, (0, 8192, 16384))
+
+
+def test_heads_that_do_not_split_over_tp_are_refused(nemotron_recipe, nemotron):
+    three_groups = dataclasses.replace(nemotron, data={
+        **nemotron.data,
+        "attention": {**nemotron.data["attention"],
+                      "kinds": {"attention": {**nemotron.data["attention"]["kinds"]["attention"], "kv_heads": 3}}},
+    })
+    with pytest.raises(ShapeError, match="32 query heads and 3 key-value heads do not split over TP 4"):
+        attention_shape(nemotron_recipe, three_groups, "attention")
 
 
 def test_a_recipe_and_model_that_do_not_match_are_refused(gemma_recipe, nemotron):

@@ -12,12 +12,21 @@ The "window-edge" variant then makes, for the first query head of every group, t
 position outside the window a copy of the query: a window one too wide takes in a key whose logit
 is about head_dim, so an off-by-one window fails by a wide margin.
 
-Captured inputs (safetensors, one file per layer: q, k, v as above in BSHD at the recipe's
-rank-local shape) are sliced to the case's heads (the first groups and their query heads, which
-keeps the head-to-group mapping) and sequence; their upstream gradient is seeded standard normal
-(relative errors do not depend on its size).
+Captured inputs (`correctness capture-attention`, correctness/attention/capture.py: safetensors,
+one file per layer, q, k, v and the model's attention output `out`, BSHD, at the recipe's
+rank-local shape, with metadata) are sliced to the case's heads (the first groups and their query
+heads, which keeps the head-to-group mapping) and to its first seq_len tokens; `out` is sliced the
+same way (causal attention: the first S queries see only the first S keys, so the sliced `out` is
+still the model's output for them). Their upstream gradient is seeded standard normal scaled to the
+RMS of the sliced `out` (FP32), so that dO has the size of the output it is the gradient of; a file
+without `out` gets it unscaled. A file whose metadata does not fit the case (model, layer and its
+kind, head dim, the key-value groups of the recipe-scale slice, window, softmax scale, TP rank and
+size, format version) is refused with the reason; a file without capture metadata (hand-made, such
+as the unit tests write, or with safetensors' own {"format": "pt"}) is taken as it is.
 """
 
+import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path as FilePath
 from typing import Any
@@ -88,15 +97,79 @@ def checkpoint_file(folder: FilePath, layer: int) -> FilePath:
     return FilePath(folder) / f"layer-{layer:02d}.safetensors"
 
 
-def checkpoint_inputs(shape: AttentionShape, path: FilePath, seed: int, device: torch.device) -> AttentionInputs:
+CAPTURE_FORMAT = "correctness.attention-capture"
+CAPTURE_FORMAT_VERSION = "1"
+
+
+def _metadata_mismatch(
+    shape: AttentionShape, metadata: dict[str, str], layer: int | None, recipe_groups: int
+) -> str | None:
+    """Why a capture's metadata does not fit the case (None where it fits)."""
+    if metadata.get("format") != CAPTURE_FORMAT or metadata.get("format_version") != CAPTURE_FORMAT_VERSION:
+        return (
+            f"format {metadata.get('format')!r} version {metadata.get('format_version')!r},"
+            f" not {CAPTURE_FORMAT!r} version {CAPTURE_FORMAT_VERSION}"
+        )
+    try:
+        stored = {
+            "model": metadata["model_short_name"],
+            "layer kind": metadata["layer_kind"],
+            "head dim": int(metadata["head_dim"]),
+            "key-value groups": int(metadata["kv_groups"]),
+            "query heads": int(metadata["query_heads"]),
+            "window": None if (window := json.loads(metadata["window_te"])) is None else tuple(window),
+            "TP size": int(metadata["tp_size"]),
+            "TP rank": int(metadata["tp_rank"]),
+        }
+        scale = float(json.loads(metadata["softmax_scale"]))
+        stored_layer = int(metadata["layer"])
+    except KeyError as missing:
+        return f"metadata lacks {missing.args[0]!r}"
+    except (ValueError, TypeError) as error:
+        return f"malformed metadata ({error})"
+    expected = {
+        "model": shape.model,
+        "layer kind": shape.layer_kind,
+        "head dim": shape.head_dim,
+        "key-value groups": recipe_groups,
+        "query heads": recipe_groups * shape.gqa_ratio,
+        "window": shape.window,
+        "TP size": shape.tp_size,
+        "TP rank": shape.tp_rank,
+    }
+    if layer is not None and stored_layer != layer:
+        return f"captured from layer {stored_layer}, the case is layer {layer}"
+    for name, value in expected.items():
+        if stored[name] != value:
+            return f"{name} {stored[name]} in the capture, the case needs {value}"
+    if not math.isclose(scale, shape.softmax_scale, rel_tol=1e-9):
+        return f"softmax scale {scale} in the capture, the case needs {shape.softmax_scale}"
+    return None
+
+
+def checkpoint_inputs(
+    shape: AttentionShape,
+    path: FilePath,
+    seed: int,
+    device: torch.device,
+    *,
+    layer: int | None = None,
+    recipe_groups: int | None = None,
+) -> AttentionInputs:
+    """The case's inputs from a captured file. `layer`: the layer the case names (checked against
+    the metadata); `recipe_groups`: the key-value groups of the recipe-scale slice a capture holds
+    (default: the shape's own, for a shape at recipe scale)."""
     from safetensors import safe_open
 
     if not path.is_file():
         raise CaseInputError(f"checkpoint case: file {path} not found")
     tensors = {}
     with safe_open(str(path), framework="pt") as captured:
+        wrong = _metadata_mismatch(shape, captured.metadata() or {}, layer, recipe_groups or shape.groups)
+        if wrong is not None:
+            raise CaseInputError(f"checkpoint case {path.name}: {wrong}")
         names = set(captured.keys())
-        for name, heads in (("q", shape.heads), ("k", shape.groups), ("v", shape.groups)):
+        for name, heads in (("q", shape.heads), ("k", shape.groups), ("v", shape.groups), ("out", shape.heads)):
             if name not in names:
                 raise CaseInputError(f"checkpoint case {path.name}: no tensor {name!r} (has {sorted(names)})")
             sliced = captured.get_slice(name)
@@ -114,4 +187,5 @@ def checkpoint_inputs(shape: AttentionShape, path: FilePath, seed: int, device: 
             tensors[name] = sliced[: shape.batch, : shape.seq_len, :heads, :]
     generator = torch.Generator().manual_seed(seed)
     grad_out = torch.randn(shape.batch, shape.seq_len, shape.heads, shape.head_dim, generator=generator)
+    grad_out *= tensors["out"].float().square().mean().sqrt()
     return _finish(shape, device, tensors["q"], tensors["k"], tensors["v"], grad_out)

@@ -8,8 +8,9 @@ Tiers, each a Lever of its own:
 
 Cases: two seeded model-like synthetic cases per layer kind, one window-edge case per windowed
 kind, and four captured checkpoint cases (the first and last layer of each kind), which skip
-without a folder of captures. Negative controls: the candidate with a window one key too wide,
-and with the softmax scale 1/sqrt(head_dim) where the model uses another (Gemma: 1.0).
+without a folder of captures (made by `correctness capture-attention`). Negative controls: the
+candidate with a window one key too wide, and with the softmax scale 1/sqrt(head_dim) where the
+model uses another (Gemma: 1.0).
 """
 
 import math
@@ -45,7 +46,17 @@ def synthetic_case(shape: AttentionShape, seed: int, variant: str) -> Case:
     )
 
 
-def checkpoint_case(shape: AttentionShape, layer: int, folder: FilePath | None) -> Case:
+def checkpoint_layers(model: ModelFacts, kind: str) -> tuple[int, ...]:
+    """The checkpoint cases' layers of one kind: its first and its last (one where they coincide)."""
+    layers = model.layers_of_kind(kind)
+    return tuple(dict.fromkeys((layers[0], layers[-1])))
+
+
+def checkpoint_case(
+    shape: AttentionShape, layer: int, folder: FilePath | None, recipe_groups: int | None = None
+) -> Case:
+    """A case on captured inputs (correctness capture-attention). `recipe_groups`: the key-value groups
+    of the recipe-scale rank-local slice the capture holds (None: the shape's own, a recipe-scale shape)."""
     path = None if folder is None else checkpoint_file(folder, layer)
     return Case(
         id=f"{shape.id}-layer{layer:02d}",
@@ -53,7 +64,9 @@ def checkpoint_case(shape: AttentionShape, layer: int, folder: FilePath | None) 
         seed=CHECKPOINT_GRAD_SEED,
         source="checkpoint",
         variant="captured",
-        make_inputs=lambda device: checkpoint_inputs(shape, path, CHECKPOINT_GRAD_SEED, device),
+        make_inputs=lambda device: checkpoint_inputs(
+            shape, path, CHECKPOINT_GRAD_SEED, device, layer=layer, recipe_groups=recipe_groups
+        ),
         skip_reason=None
         if folder is not None
         else "no captured checkpoint inputs given (--checkpoint-cases DIR or CORRECTNESS_CHECKPOINT_CASES)",
@@ -69,8 +82,11 @@ def attention_cases(recipe: Recipe, model: ModelFacts, scale: Scale, options: Le
             cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge"))
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
-        layers = model.layers_of_kind(kind)
-        cases += [checkpoint_case(shape, layer, options.checkpoint_dir) for layer in (layers[0], layers[-1])]
+        recipe_groups = model.attention_kind(kind).kv_heads // recipe.tp
+        cases += [
+            checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups)
+            for layer in checkpoint_layers(model, kind)
+        ]
     return tuple(cases)
 
 

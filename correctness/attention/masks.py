@@ -6,14 +6,18 @@ from correctness.shapes import AttentionShape
 
 
 def visible_keys(shape: AttentionShape, device: torch.device) -> torch.Tensor:
-    """Boolean [n, n], True where query i may attend key j; n = seq_len (BSHD) or batch * seq_len (THD).
+    """Boolean [n, n], True where query i may attend key j; n = seq_len (BSHD) or the packed tokens (THD).
 
     Causal: j <= i. Window (left, right), inclusive, -1 unbounded: i - left <= j <= i + right.
-    THD: only within the same row.
+    THD: only within the same row, positions counted from the row's start (shape.cu_seqlens).
     """
-    n = shape.batch * shape.seq_len if shape.qkv_format == "thd" else shape.seq_len
-    token = torch.arange(n, device=device)
-    row, position = token // shape.seq_len, token % shape.seq_len
+    token = torch.arange(shape.tokens, device=device)
+    if shape.qkv_format == "thd":
+        starts = torch.tensor(shape.cu_seqlens[:-1], device=device)
+        row = torch.searchsorted(starts, token, right=True) - 1
+        position = token - starts[row]
+    else:
+        row, position = torch.zeros_like(token), token
     i, j = position[:, None], position[None, :]
     visible = row[:, None] == row[None, :]
     if shape.causal:

@@ -120,11 +120,12 @@ class TransformerEngine:
         packing: dict[str, Any] = {}
         if thd:
             cu_seqlens = torch.tensor(shape.cu_seqlens, dtype=torch.int32, device=inputs.q.device)
+            longest = max(b - a for a, b in zip(shape.cu_seqlens, shape.cu_seqlens[1:]))
             packing = {
                 "cu_seqlens_q": cu_seqlens,
                 "cu_seqlens_kv": cu_seqlens,
-                "max_seqlen_q": shape.seq_len,
-                "max_seqlen_kv": shape.seq_len,
+                "max_seqlen_q": longest,
+                "max_seqlen_kv": longest,
             }
         q, k, v = (x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
         with backend_switches(FORCED[self.backend], cache):

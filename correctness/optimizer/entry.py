@@ -1,5 +1,6 @@
 """The optimizer-offload lever's words for a recipe's component_tests entry (see correctness.entries)."""
 
+import re
 from typing import Any
 
 from correctness.entries import (
@@ -19,6 +20,9 @@ from correctness.entries import (
 SECONDARY = "against fp64-adamw (fp32 hyperparameters)"
 
 
+EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.(\w+)\.weight(\d+)$")
+
+
 def _is_norm(name: str) -> bool:
     return name.endswith(("norm.weight", "layer_norm_weight", "layernorm.weight"))
 
@@ -33,19 +37,47 @@ def _short(name: str) -> str:
     return name
 
 
+def _numbers(values: list[int]) -> str:
+    """0-56, 60 and 62-63."""
+    runs: list[list[int]] = []
+    for value in sorted(values):
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return and_list([f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs])
+
+
 def _gpu_holdings(shape: dict[str, Any]) -> str:
-    """the embedding slice, layer 0's linear_qkv and linear_proj and every norm gain."""
-    names = shape["gpu_tensors"]
+    """the embedding slice, layer 0's linear_qkv and linear_proj, layer 1's linear_fc1 of experts
+    0-56 and every norm gain."""
+    vectors = set(shape["vector_tensors"])
     owners: dict[str, list[str]] = {}
-    for name in names:
-        if not _is_norm(name):
-            owner, _, tensor = _short(name).partition("'s ")
-            owners.setdefault(owner, []).append(tensor)
+    experts: dict[tuple[str, str], list[int]] = {}
+    for name in shape["gpu_tensors"]:
+        if name in vectors:
+            continue
+        match = EXPERT.match(name)
+        if match:
+            experts.setdefault((match[1], match[2]), []).append(int(match[3]))
+            continue
+        owner, _, tensor = _short(name).partition("'s ")
+        owners.setdefault(owner, []).append(tensor)
     parts = [f"{owner}'s {and_list(tensors)}" if tensors[0] else owner for owner, tensors in owners.items()]
-    norms = [name for name in names if _is_norm(name)]
-    if norms:
-        parts.append("every norm gain" if len(norms) == shape["norm_tensors"] else "some norm gains")
+    parts += [f"layer {layer}'s {tensor} of experts {_numbers(numbers)}" for (layer, tensor), numbers in experts.items()]
+    held = [name for name in shape["gpu_tensors"] if name in vectors]
+    if held:
+        every = "every norm gain" if all(_is_norm(name) for name in vectors) else "every 1-D tensor"
+        parts.append(every if len(held) == len(vectors) else f"{len(held)} of the {len(vectors)} 1-D tensors")
     return and_list(parts) if parts else "nothing"
+
+
+def _per_optimizer(shape: dict[str, Any]) -> str:
+    """Where dense and expert parameters have optimizers of their own, each one's split."""
+    if len(shape["optimizers"]) < 2:
+        return ""
+    shares = and_list([f"{name} {100 * part['gpu_share']:.1f}%" for name, part in shape["optimizers"].items()])
+    return f", each optimizer split on its own ({shares} on the GPU)"
 
 
 def _shape_sentence(record: dict[str, Any]) -> str:
@@ -58,7 +90,8 @@ def _shape_sentence(record: dict[str, Any]) -> str:
         f"TP {shape['tp_size']} rank {shape['tp_rank']}'s slices of {record['recipe']['model']} {layers} and"
         f" embedding rows 0-{shape['embedding_rows'] - 1:,}{scale}: {shape['tensors']} tensors,"
         f" {shape['parameters']:,} parameters, {100 * shape['gpu_share']:.1f}% of them on the GPU at fraction"
-        f" {shape['fraction']:g} ({_gpu_holdings(shape)}); {', '.join(sources)}, synthetic gradients scaled to"
+        f" {shape['fraction']:g} ({_gpu_holdings(shape)}){_per_optimizer(shape)}; {', '.join(sources)},"
+        f" synthetic gradients scaled to"
         f" pre-clip norms {norms} over {count(shape['steps'])} steps"
     )
 

@@ -33,8 +33,17 @@ from correctness.optimizer.paths import (
     TeFusedAdam,
     TorchAdamW,
 )
-from correctness.optimizer.slices import RECIPE, SMOKE, ParamScale, ParamSlice, load_slice, param_slices, synthetic_slice
-from correctness.optimizer.split import CPU, GPU, offload_split
+from correctness.optimizer.slices import (
+    RECIPE,
+    SMOKE,
+    ParamScale,
+    ParamSlice,
+    first_layer_of_each_kind,
+    load_slice,
+    param_slices,
+    synthetic_slice,
+)
+from correctness.optimizer.split import CPU, GPU, offload_split, offload_summary
 from correctness.recipes import Recipe, lever_recipe
 from correctness.results import CaseResult
 
@@ -42,6 +51,7 @@ NAME = "optimizer-offload"
 VERSION = 1
 EMBEDDING_ROWS = 8192  # the Gemma recipe's component test slices embedding rows 0-8,191
 TP_RANK = 0
+EP_RANK = 0
 SYNTHETIC_SEED = 0
 
 
@@ -61,7 +71,8 @@ class OffloadShape:
     parameters: int
     gpu_parameters: int
     gpu_tensors: tuple[str, ...]
-    norm_tensors: int  # 1-D tensors (norm gains) among the slices
+    vector_tensors: tuple[str, ...]  # the 1-D tensors (norm gains, biases, Mamba's A_log, D, dt_bias)
+    optimizers: dict[str, dict[str, Any]]  # per optimizer (dense, expert): its own split
     steps: int
     preclip_norms: tuple[float, ...]
 
@@ -77,14 +88,12 @@ class OffloadShape:
         return {"id": self.id, **asdict(self), "gpu_share": self.gpu_parameters / self.parameters}
 
 
-def first_layer_of_each_kind(model: ModelFacts) -> tuple[int, ...]:
-    return tuple(sorted(model.layers_of_kind(kind)[0] for kind in model.attention_kinds))
-
-
 def recipe_slices(recipe: Recipe, model: ModelFacts, scale: ParamScale) -> tuple[ParamSlice, ...]:
+    """TP rank 0 (and EP rank 0)'s slices of the first layer of every layer kind and of the embedding."""
     return param_slices(
         model, tp=recipe.tp, tp_rank=TP_RANK, layers=first_layer_of_each_kind(model),
         embedding_rows=EMBEDDING_ROWS, scale=scale,
+        ep=recipe.positive_int("layout.ep"), ep_rank=EP_RANK, etp=recipe.positive_int("layout.etp"),
     )
 
 
@@ -117,14 +126,20 @@ def offload_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) ->
 
 def offload_shape(setting: OffloadSetting, preclip_norms: tuple[float, ...]) -> OffloadShape:
     on_gpu = [p for p in setting.slices if setting.shares[p.name] == GPU]
+    summary = offload_summary(setting.slices, setting.fraction)
+    optimizers = {
+        name: {"tensors": part.tensors, "parameters": part.parameters, "gpu_parameters": part.gpu_numel,
+               "gpu_share": part.gpu_share, "gpu_tensors": list(part.gpu)}
+        for name, part in summary.optimizers.items()
+    }
     return OffloadShape(
         model=setting.model.short_name, scale=setting.scale.name, tp_size=setting.recipe.tp, tp_rank=TP_RANK,
         layers=first_layer_of_each_kind(setting.model),
         layer_kinds=tuple(setting.model.layer_kind(layer) for layer in first_layer_of_each_kind(setting.model)),
-        embedding_rows=EMBEDDING_ROWS, norm_tensors=sum(1 for p in setting.slices if len(p.shape) == 1),
+        embedding_rows=EMBEDDING_ROWS, vector_tensors=tuple(p.name for p in setting.slices if len(p.shape) == 1),
         fraction=setting.fraction, tensors=len(setting.slices), parameters=sum(p.numel for p in setting.slices),
         gpu_parameters=sum(p.numel for p in on_gpu), gpu_tensors=tuple(p.name for p in on_gpu),
-        steps=len(preclip_norms), preclip_norms=preclip_norms,
+        optimizers=optimizers, steps=len(preclip_norms), preclip_norms=preclip_norms,
     )
 
 

@@ -4,7 +4,8 @@ Unlike the other paths it needs every parameter at once (it makes its own split)
 runs on `WholeInventory` inputs, the units of every parameter materialised, and the per-unit
 paths join it through `AllUnits`. It is set up as Megatron sets it up for `--optimizer adam
 --optimizer-cpu-offload --use-precision-aware-optimizer` (megatron/core/optimizer/__init__.py at
-megatron-core 0.16): torch.optim.AdamW (fused) on the CPU, TE FusedAdam on the GPU, FP32 masters
+megatron-core 0.16): one optimizer for the dense and one for the expert-parallel parameters, each
+with torch.optim.AdamW (fused) on the CPU, TE FusedAdam on the GPU, FP32 masters
 (`param_update_in_fp32`), the weight-decayed group before the no-decay group, each in reverse model
 order, gradients handed over as FP32 `decoupled_grad`s, already clipped (Megatron clips before the
 hybrid step). Needs megatron-core, Transformer Engine and a CUDA device; unavailable otherwise.
@@ -20,7 +21,7 @@ from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.lever import Path, PathOutput
 from correctness.optimizer.inputs import OptimizerUnit
 from correctness.optimizer.paths import clipped, outputs
-from correctness.optimizer.split import offload_order, offload_split
+from correctness.optimizer.split import offload_orders, offload_split
 
 
 @dataclass(frozen=True)
@@ -93,36 +94,42 @@ class MegatronHybrid:
         }
         weights0 = {name: _whole(units, lambda u: u.weights.float()) for name, units in by_param.items()}
         hyper = first.config.hyperparameters(first.first_iteration, 1.0)
-        order = offload_order(slices)
-        groups = [
-            {"params": [params[p.name] for p in order if p.weight_decay], "weight_decay": hyper.weight_decay},
-            {"params": [params[p.name] for p in order if not p.weight_decay], "weight_decay": 0.0},
-        ]
-        optimizer = HybridDeviceOptimizer(
-            [group for group in groups if group["params"]],
-            offload_fraction=self.fraction,
-            cpu_optimizer_cls=torch.optim.AdamW,
-            gpu_optimizer_cls=FusedAdam,
-            param_update_in_fp32=self.fp32_masters,
-            overlap_cpu_optimizer_d2h_h2d=False,
-            lr=hyper.lr,
-            betas=(hyper.beta1, hyper.beta2),
-            eps=hyper.eps,
-            weight_decay=hyper.weight_decay,
-            bias_correction=self.bias_correction,
-            fused=True,
-        )
+        # Megatron builds one optimizer for the dense and one for the expert-parallel parameters, each
+        # its own HybridDeviceOptimizer split at the same fraction (megatron/core/optimizer/__init__.py).
+        optimizers = []
+        for order in offload_orders(slices).values():
+            groups = [
+                {"params": [params[p.name] for p in order if p.weight_decay], "weight_decay": hyper.weight_decay},
+                {"params": [params[p.name] for p in order if not p.weight_decay], "weight_decay": 0.0},
+            ]
+            optimizers.append(HybridDeviceOptimizer(
+                [group for group in groups if group["params"]],
+                offload_fraction=self.fraction,
+                cpu_optimizer_cls=torch.optim.AdamW,
+                gpu_optimizer_cls=FusedAdam,
+                param_update_in_fp32=self.fp32_masters,
+                overlap_cpu_optimizer_d2h_h2d=False,
+                lr=hyper.lr,
+                betas=(hyper.beta1, hyper.beta2),
+                eps=hyper.eps,
+                weight_decay=hyper.weight_decay,
+                bias_correction=self.bias_correction,
+                fused=True,
+            ))
         for step, iteration in enumerate(first.iterations()):
-            for group in optimizer.param_groups:
-                group["lr"] = first.config.lr(iteration)
+            for optimizer in optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] = first.config.lr(iteration)
             for name, units in by_param.items():
                 params[name].decoupled_grad = _whole(units, lambda u: clipped(u, step)).cuda()
-            optimizer.step()
+            for optimizer in optimizers:
+                optimizer.step()
             torch.cuda.synchronize()
+        states = {id(p): optimizer.state[p] for optimizer in optimizers for p in optimizer.state}
         tensors: dict[str, torch.Tensor] = {}
         split: dict[str, str] = {}
         for slice_ in slices:
-            state = optimizer.state[params[slice_.name]]
+            state = states.get(id(params[slice_.name]), {})
             needed = ("exp_avg", "exp_avg_sq") + (("master_param",) if self.fp32_masters else ())
             missing = [key for key in needed if key not in state]
             if missing:

@@ -1,41 +1,61 @@
-"""The parameters an optimizer test updates: one TP rank's slices of named Megatron tensors.
+"""The parameters an optimizer test updates: one rank's slices of named Megatron tensors.
 
 `param_slices` lists them in model order (the embedding, then each layer's tensors in Megatron's
-named_parameters() order), each with its rank-local shape, kind, weight-decay group and how to
-assemble it from a Hugging Face checkpoint. Everything model-specific comes from the model's
-fixture (fixtures/models/<name>.yaml): the `megatron:` section (names, kinds, layouts, module
-order), the `checkpoint:` section (HF tensor names per layer) and the `synthetic:` magnitudes.
+named_parameters() order), each with its rank-local shape, kind, weight-decay group, the optimizer
+Megatron gives it ("dense" or "expert") and how to assemble it from a Hugging Face checkpoint.
+Everything model-specific comes from the model's fixture (fixtures/models/<name>.yaml): the
+`megatron:` section (names, kinds, layouts, module order; one list for every layer, or one list per
+layer kind for a hybrid model), the `checkpoint:` section (HF tensor names per layer) and the
+`synthetic:` magnitudes.
 
-Megatron's layout at TP size t, rank r (megatron-core 0.16 with Megatron-Bridge's QKV and gated-MLP
-conversions, read in NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/conversion/
-param_mapping.py `merge_qkv_weights` and `GatedMLPMapping.hf_to_megatron`):
+Megatron's layout at TP size t, rank r (megatron-core 0.16 with Megatron-Bridge's conversions, read
+in NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/conversion/param_mapping.py
+`merge_qkv_weights`, `GatedMLPMapping.hf_to_megatron`, `MambaInProjMapping`, `MambaConv1dMapping`):
 - linear_qkv (column-parallel, "qkv-grouped"): rows grouped per key-value group g, [the group's
-  query heads, k_g, v_g], each head `head_dim` rows; the fused tensor splits evenly by rows, so
-  rank r holds groups r*G/t .. (r+1)*G/t - 1 whole. Where the layer kind has k_eq_v (Gemma-4's
-  global layers: no v_proj in the checkpoint) the V rows are copies of the group's K rows, as
-  Megatron-Bridge's Gemma 4 bridge copies them on import (`maybe_modify_loaded_hf_weight`).
+  query heads, k_g, v_g], each head `head_dim` rows; the fused tensor splits evenly by rows. With
+  at least t groups (G % t == 0) rank r holds groups r*G/t .. (r+1)*G/t - 1 whole; with fewer
+  (t % G == 0, megatron/core/transformer/attention.py `num_query_groups < world_size`) the same
+  even row split cuts inside a group's block: at G 2, t 4 rank 0 holds query heads 0-8 of group 0
+  and no K/V rows, rank 1 query heads 9-15, k_0 and v_0 (Megatron all-gathers the output and picks
+  the rank's group and query heads). Where the layer kind has k_eq_v (Gemma-4's global layers: no
+  v_proj in the checkpoint) the V rows are copies of the group's K rows, as Megatron-Bridge's
+  Gemma 4 bridge copies them on import (`maybe_modify_loaded_hf_weight`).
 - linear_fc1 (column-parallel, "gate-up"): rank r holds its 1/t of gate's rows, then its 1/t of
   up's rows.
-- linear_proj and linear_fc2 (row-parallel): all output rows, input columns r/t .. (r+1)/t.
+- column-parallel `parts` (Mamba's in_proj z|x|B|C|dt and conv1d x|B|C, 1-D per-head tensors, a
+  plain column-parallel projection): the tensor is its parts concatenated along rows; each part
+  splits over TP on its own and rank r holds its share of every part, in order. A part of Mamba
+  heads or groups must give every rank whole heads or groups (MambaMixer's asserts).
+- linear_proj, linear_fc2, out_proj (row-parallel): all output rows, input columns r/t .. (r+1)/t.
+- replicated ("duplicated" TELinear, the MoE router): whole on every TP rank.
 - the embedding (vocab-parallel): rank r holds vocabulary rows r*V/t .. (r+1)*V/t - 1; a test takes
   its first `embedding_rows` of them. Megatron pads V to a multiple of 128 x t; a vocabulary that
   does not divide evenly is refused rather than modelled.
 - norm gains: whole, replicated on every rank.
+- routed experts (kind "expert", TEGroupedMLP `weight{i}`): EP rank e holds the experts
+  e*N .. (e+1)*N - 1, N = experts / EP, as local experts 0..N-1, whole at ETP 1 (ETP > 1 is
+  refused, not modelled). With EP > 1 Megatron marks them `allreduce=False` and puts them in its
+  separate expert-parallel optimizer (megatron/core/optimizer/__init__.py `get_megatron_optimizer`);
+  at EP 1 they stay in the dense one.
 
-Scales: RECIPE keeps the model's dimensions. SMOKE divides hidden, FFN, head dims and the embedding
-rows by 16 and keeps head counts, the GQA layout, the tensor list, order, kinds and TP split: every
-2-D tensor is then 1/256 of its recipe size (norms 1/16), so the offload split falls at the same
-tensors. Smoke slices have no checkpoint counterpart (`sources` is empty); use synthetic values.
+Scales: RECIPE keeps the model's dimensions. SMOKE divides hidden, FFN, head dims (attention and
+Mamba), the Mamba state size, the expert, latent and shared-expert FFN sizes and the embedding rows
+by 16, and keeps head, group and expert counts, the conv kernel, the tensor list, order, kinds and
+the TP/EP split. For a dense model every 2-D tensor is then 1/256 of its recipe size (norms 1/16),
+so the offload split falls at the same tensors; tensors with an unscaled dimension (the router's
+expert rows, Mamba's per-head rows) shrink less, so a hybrid model's split may move. Smoke slices
+have no checkpoint counterpart (`sources` is empty); use synthetic values.
 
 Values: `load_slice` reads only the slice (safetensors' get_slice), never a whole tensor.
 `synthetic_slice` draws seeded normal values: seeded from the seed, the tensor's name, the TP
-rank and the scale through SHA-256 (stable across runs and platforms), uniforms from numpy's PCG64
-turned into normals by Box-Muller in FP64 (no rejection sampling, so a last-ulp difference in a
-platform's log or cos cannot shift the stream), scaled in FP64, rounded to FP32, then to BF16.
-Magnitudes: norm gains normal(norm_gain_mean, norm_gain_std) from the fixture (Gemma-4's RMSNorm
-multiplies by the stored gain, initialised to 1); embedding rows normal(0, embedding_std);
-projection weights normal(0, 1/sqrt(fan_in)), fan_in the whole tensor's input features at the
-slice's scale.
+rank, the scale and, for a routed expert, its global index, through SHA-256 (stable across runs and
+platforms), uniforms from numpy's PCG64 turned into normals by Box-Muller in FP64 (no rejection
+sampling, so a last-ulp difference in a platform's log or cos cannot shift the stream), scaled in
+FP64, rounded to FP32, then to BF16. Magnitudes: norm gains normal(norm_gain_mean, norm_gain_std)
+from the fixture (Gemma-4's RMSNorm multiplies by the stored gain, initialised to 1); embedding rows
+normal(0, embedding_std); a tensor whose spec names `init` takes synthetic.tensors.<init> (mean,
+std; `norm_gain` for a gain that is not a replicated norm); other weights normal(0, 1/sqrt(fan_in)),
+fan_in the whole tensor's input features at the slice's scale.
 """
 
 import hashlib
@@ -53,11 +73,17 @@ from safetensors import safe_open
 from correctness.errors import CaseInputError, RecipeError, ShapeError
 from correctness.models import ModelFacts
 
-KINDS = ("embedding", "column-parallel", "row-parallel", "norm")
-DIMENSIONS = ("hidden", "ffn", "attention", "head_dim")
+KINDS = ("embedding", "column-parallel", "row-parallel", "norm", "replicated", "expert")
+OPTIMIZERS = ("dense", "expert")  # Megatron's chained optimizers, in its order
+# Dimension symbols a tensor spec may use (see _Dimensions).
+DIMENSIONS = (
+    "hidden", "ffn", "attention", "head_dim", "mamba_inner", "mamba_heads", "mamba_state_groups",
+    "conv_kernel", "experts", "expert_ffn", "latent", "shared_ffn",
+)
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 SYNTHETIC_CHUNK = 1 << 22  # values drawn per block (bounds memory; part of the stream's definition)
+NORM_GAIN = "norm_gain"  # an `init` naming the fixture's norm gain magnitudes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +102,8 @@ PARAM_SCALES = {scale.name: scale for scale in (RECIPE, SMOKE)}
 @dataclass(frozen=True, kw_only=True)
 class SourcePiece:
     """One block of a checkpoint tensor: its rows [start, stop) and columns [start, stop) (None for
-    a 1-D tensor), landing at rank-local row `at` across all of the slice's columns."""
+    a 1-D tensor, or all trailing dimensions of an N-D one), landing at rank-local row `at` across
+    all of the slice's columns."""
 
     tensor: str
     rows: tuple[int, int]
@@ -95,22 +122,26 @@ class SourcePiece:
 
 @dataclass(frozen=True, kw_only=True)
 class ParamSlice:
-    """One TP rank's part of a named Megatron parameter."""
+    """One rank's part of a named Megatron parameter."""
 
     name: str  # Megatron's name, e.g. decoder.layers.0.self_attention.linear_qkv.weight
     shape: tuple[int, ...]  # rank-local
     layer: int | None  # None for the embedding
-    layer_kind: str | None  # the attention kind of its layer ("sliding", "global"); None for the embedding
+    layer_kind: str | None  # its layer's kind (Gemma: sliding, global; Nemotron: mamba, moe, attention); None: emb.
     kind: str  # one of KINDS
-    weight_decay: bool  # Megatron's default groups: 2-D weights yes, 1-D tensors and biases no
+    weight_decay: bool  # Megatron's default groups: weights yes, 1-D tensors and biases no
     index: int  # position in model order among the slices listed together
     sources: tuple[SourcePiece, ...]  # how to assemble it from the checkpoint; empty at the smoke scale
-    fan_in: int | None  # input features of the whole projection; None for norms and the embedding
+    fan_in: int | None  # input features of the whole projection; None for norms, the embedding and 1-D tensors
     init_mean: float  # synthetic values: normal(init_mean, init_std)
     init_std: float
     tp: int
     tp_rank: int
     scale: str
+    optimizer: str = "dense"  # one of OPTIMIZERS: Megatron's dense or expert-parallel optimizer
+    ep: int = 1
+    ep_rank: int = 0
+    expert: int | None = None  # a routed expert's global index; None for every other tensor
 
     @property
     def numel(self) -> int:
@@ -125,15 +156,18 @@ def _spec_error(model: ModelFacts, what: str) -> RecipeError:
     return RecipeError(f"model facts {model.name}: {what}")
 
 
-def checkpoint_tensor(model: ModelFacts, key: str, layer: int | None = None) -> str:
-    """The checkpoint's name for a `checkpoint.tensors` key, with `{layer}` filled in."""
+def checkpoint_tensor(model: ModelFacts, key: str, layer: int | None = None, expert: int | None = None) -> str:
+    """The checkpoint's name for a `checkpoint.tensors` key, with `{layer}` and `{expert}` filled in."""
     templates = model.field("checkpoint.tensors")
     if not isinstance(templates, dict) or not isinstance(templates.get(key), str):
         raise _spec_error(model, f"no checkpoint tensor name checkpoint.tensors.{key}")
     template = templates[key]
     if ("{layer}" in template) != (layer is not None):
         raise _spec_error(model, f"checkpoint.tensors.{key} {template!r} does not fit layer {layer}")
-    return template.format(layer=layer) if layer is not None else template
+    if ("{expert}" in template) != (expert is not None):
+        raise _spec_error(model, f"checkpoint.tensors.{key} {template!r} does not fit expert {expert}")
+    values = {"layer": layer, "expert": expert}
+    return template.format(**{name: value for name, value in values.items() if value is not None})
 
 
 def _positive(model: ModelFacts, dotted: str) -> int:
@@ -141,6 +175,10 @@ def _positive(model: ModelFacts, dotted: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise _spec_error(model, f"field {dotted} must be a positive integer, got {value!r}")
     return value
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _divide(value: int, divisor: int, what: str, scale: ParamScale) -> int:
@@ -155,38 +193,101 @@ def _split(value: int, tp: int, what: str) -> int:
     return value // tp
 
 
+class _Dimensions:
+    """One layer kind's dimensions at a scale, resolved from the model facts when a spec uses them.
+    `units` is what TP must split whole: Mamba heads and groups, otherwise the rows themselves."""
+
+    def __init__(self, model: ModelFacts, kind: str | None, scale: ParamScale):
+        self.model, self.kind, self.scale = model, kind, scale
+        self._values: dict[str, tuple[int, int, str]] = {}
+
+    def _scaled(self, dotted: str, what: str) -> int:
+        return _divide(_positive(self.model, dotted), self.scale.divisor, what, self.scale)
+
+    def _resolve(self, symbol: str) -> tuple[int, int, str]:
+        model = self.model
+        if symbol == "hidden":
+            value = self._scaled("hidden_size", "hidden size")
+        elif symbol == "ffn":
+            value = self._scaled("ffn_hidden_size", "FFN hidden size")
+        elif symbol in ("attention", "head_dim"):
+            if self.kind not in model.attention_kinds:
+                raise _spec_error(model, f"dimension {symbol} needs an attention layer kind, not {self.kind!r}")
+            facts = model.attention_kind(self.kind)
+            head_dim = _divide(facts.head_dim, self.scale.divisor, f"{self.kind} head dim", self.scale)
+            value = head_dim if symbol == "head_dim" else facts.query_heads * head_dim
+        elif symbol == "mamba_heads":
+            heads = _positive(model, "mamba.heads")
+            return heads, heads, "Mamba heads"
+        elif symbol == "mamba_inner":
+            heads = _positive(model, "mamba.heads")
+            return heads * self._scaled("mamba.head_dim", "Mamba head dim"), heads, "Mamba heads"
+        elif symbol == "mamba_state_groups":
+            groups = _positive(model, "mamba.groups")
+            return groups * self._scaled("mamba.state_size", "Mamba state size"), groups, "Mamba groups"
+        elif symbol == "conv_kernel":
+            value = _positive(model, "mamba.conv_kernel")
+        elif symbol == "experts":
+            value = _positive(model, "moe.experts")
+        elif symbol == "expert_ffn":
+            value = self._scaled("moe.expert_ffn_hidden_size", "expert FFN hidden size")
+        elif symbol == "latent":
+            value = self._scaled("moe.latent_size", "MoE latent size")
+        elif symbol == "shared_ffn":
+            value = self._scaled("moe.shared_expert_ffn_hidden_size", "shared expert FFN hidden size")
+        else:
+            raise _spec_error(model, f"dimension {symbol!r} is not one of {list(DIMENSIONS)}")
+        return value, value, symbol
+
+    def entry(self, symbol: str) -> tuple[int, int, str]:
+        """(value, units, what the units are)."""
+        if symbol not in self._values:
+            self._values[symbol] = self._resolve(symbol)
+        return self._values[symbol]
+
+    def __getitem__(self, symbol: str) -> int:
+        return self.entry(symbol)[0]
+
+
 @dataclass(frozen=True)
 class _Kind:
-    """One layer kind's dimensions at a scale."""
+    """One layer kind: its attention geometry (attention kinds only) and dimensions at a scale."""
 
     name: str
     query_heads: int
     kv_heads: int
     head_dim: int
     k_eq_v: bool
-    dims: dict[str, int]
+    dims: _Dimensions
 
 
-def _layer_kind(model: ModelFacts, kind: str, hidden: int, ffn: int, scale: ParamScale) -> _Kind:
+def _layer_kind(model: ModelFacts, kind: str, scale: ParamScale) -> _Kind:
+    dims = _Dimensions(model, kind, scale)
+    if kind not in model.attention_kinds:
+        return _Kind(name=kind, query_heads=0, kv_heads=0, head_dim=0, k_eq_v=False, dims=dims)
     facts = model.attention_kind(kind)
-    head_dim = _divide(facts.head_dim, scale.divisor, f"{kind} head dim", scale)
     return _Kind(
         name=kind,
         query_heads=facts.query_heads,
         kv_heads=facts.kv_heads,
-        head_dim=head_dim,
+        head_dim=dims["head_dim"],
         k_eq_v=bool(model.field(f"attention.kinds.{kind}").get("k_eq_v", False)),
-        dims={"hidden": hidden, "ffn": ffn, "attention": facts.query_heads * head_dim, "head_dim": head_dim},
+        dims=dims,
     )
 
 
-def _dim(model: ModelFacts, spec: dict[str, Any], key: str, kind: _Kind) -> int:
-    symbol = spec.get(key)
+def _symbol(model: ModelFacts, spec: dict[str, Any], key: str, symbol: object) -> str:
     if symbol not in DIMENSIONS:
         raise _spec_error(
             model, f"megatron tensor {spec.get('name')}: {key} {symbol!r} is not one of {list(DIMENSIONS)}"
         )
-    return kind.dims[symbol]
+    return str(symbol)
+
+
+def _dim(model: ModelFacts, spec: dict[str, Any], key: str, kind: _Kind) -> int:
+    if key not in spec:
+        raise _spec_error(model, f"megatron tensor {spec.get('name')}: no {key}")
+    return kind.dims[_symbol(model, spec, key, spec[key])]
 
 
 def _sources(model: ModelFacts, spec: dict[str, Any], roles: Sequence[str]) -> dict[str, str]:
@@ -198,21 +299,100 @@ def _sources(model: ModelFacts, spec: dict[str, Any], roles: Sequence[str]) -> d
     return source
 
 
+def _trailing(model: ModelFacts, spec: dict[str, Any], kind: _Kind) -> tuple[int, ...]:
+    """Dimensions after the rows of an N-D tensor (conv1d's [1, kernel]): integers or symbols."""
+    trailing = spec.get("trailing", [])
+    if not isinstance(trailing, list):
+        raise _spec_error(model, f"megatron tensor {spec.get('name')}: trailing must be a list, got {trailing!r}")
+    return tuple(
+        entry if _count(entry) and entry >= 1 else kind.dims[_symbol(model, spec, "trailing", entry)]
+        for entry in trailing
+    )
+
+
+def _qkv_grouped(
+    model: ModelFacts, spec: dict[str, Any], hf, kind: _Kind, cols: int, tp: int, tp_rank: int
+) -> tuple[tuple[int, ...], list[SourcePiece]]:
+    """Rank `tp_rank`'s rows of the fused [q heads, k, v] per group tensor, split evenly by rows."""
+    source = _sources(model, spec, ["q", "k", "v"])
+    q_name, k_name = hf(source["q"]), hf(source["k"])
+    v_name = k_name if kind.k_eq_v else hf(source["v"])
+    what = f"{model.name} {kind.name} attention"
+    if not kind.kv_heads:
+        raise _spec_error(model, f"megatron tensor {spec.get('name')}: qkv-grouped needs an attention layer kind")
+    if kind.query_heads % kind.kv_heads:
+        raise ShapeError(f"{what}: {kind.query_heads} query heads do not divide into {kind.kv_heads} groups")
+    groups = kind.kv_heads
+    if groups >= tp:
+        _split(groups, tp, f"{what}: key-value heads")
+    elif tp % groups:
+        raise ShapeError(f"{what}: {groups} key-value heads do not spread evenly over TP {tp}")
+    _split(kind.query_heads, tp, f"{what}: query heads")
+    per_group, d = kind.query_heads // groups, kind.head_dim
+    block = (per_group + 2) * d
+    local = _split(groups * block, tp, f"{what}: fused q|k|v rows")
+    start, stop = tp_rank * local, (tp_rank + 1) * local
+    pieces = []
+    for group in range(groups):
+        base = group * block
+        for tensor, low, high, first in (
+            (q_name, 0, per_group * d, group * per_group * d),
+            (k_name, per_group * d, (per_group + 1) * d, group * d),
+            (v_name, (per_group + 1) * d, block, group * d),
+        ):
+            lo, hi = max(start, base + low), min(stop, base + high)
+            if lo < hi:
+                rows = (first + lo - base - low, first + hi - base - low)
+                pieces.append(SourcePiece(tensor=tensor, rows=rows, cols=(0, cols), at=lo - start))
+    return (local, cols), pieces
+
+
+def _parts(
+    model: ModelFacts, spec: dict[str, Any], hf, kind: _Kind, tp: int, tp_rank: int
+) -> tuple[tuple[int, ...], int | None, list[SourcePiece]]:
+    """A column-parallel tensor concatenated from parts along its rows, each split over TP."""
+    name, parts = spec.get("name"), spec.get("parts")
+    if not isinstance(parts, list) or not parts:
+        raise _spec_error(model, f"megatron tensor {name}: parts must be a list of dimensions, got {parts!r}")
+    cols = _dim(model, spec, "cols", kind) if "cols" in spec else None
+    trailing = _trailing(model, spec, kind)
+    if cols is not None and trailing:
+        raise _spec_error(model, f"megatron tensor {name}: give cols or trailing, not both")
+    tensor = hf(_sources(model, spec, ["weight"])["weight"])
+    pieces, offset, at = [], 0, 0
+    for part in parts:
+        size, units, unit_name = kind.dims.entry(_symbol(model, spec, "part", part))
+        _split(units, tp, f"{name}: {unit_name}")
+        local = size // tp
+        start = offset + tp_rank * local
+        columns = None if cols is None else (0, cols)
+        pieces.append(SourcePiece(tensor=tensor, rows=(start, start + local), cols=columns, at=at))
+        offset += size
+        at += local
+    shape = (at, cols) if cols is not None else (at, *trailing)
+    return shape, cols, pieces
+
+
 def _layer_tensor(
     model: ModelFacts, spec: dict[str, Any], layer: int, kind: _Kind, tp: int, tp_rank: int
 ) -> tuple[tuple[int, ...], int | None, list[SourcePiece]]:
-    """Rank-local shape, fan-in and checkpoint pieces of one layer tensor."""
+    """Rank-local shape, fan-in and checkpoint pieces of one layer tensor (not a routed expert)."""
     name, tensor_kind = spec.get("name"), spec.get("kind")
-    if not isinstance(name, str) or not name:
-        raise _spec_error(model, f"megatron.layer_tensors entry {spec!r} has no name")
 
     def hf(key: str) -> str:
         return checkpoint_tensor(model, key, layer)
 
-    if tensor_kind == "norm":
+    if tensor_kind in ("norm", "replicated") and "size" in spec:
         size = _dim(model, spec, "size", kind)
-        gain = hf(_sources(model, spec, ["gain"])["gain"])
-        return (size,), None, [SourcePiece(tensor=gain, rows=(0, size), cols=None, at=0)]
+        role = "gain" if tensor_kind == "norm" else "weight"
+        tensor = hf(_sources(model, spec, [role])[role])
+        return (size,), None, [SourcePiece(tensor=tensor, rows=(0, size), cols=None, at=0)]
+    if tensor_kind == "replicated":
+        rows, cols = _dim(model, spec, "rows", kind), _dim(model, spec, "cols", kind)
+        weight = hf(_sources(model, spec, ["weight"])["weight"])
+        return (rows, cols), cols, [SourcePiece(tensor=weight, rows=(0, rows), cols=(0, cols), at=0)]
+    if tensor_kind == "norm":
+        _dim(model, spec, "size", kind)  # names the missing size
     if tensor_kind == "row-parallel":
         rows, cols = _dim(model, spec, "rows", kind), _dim(model, spec, "cols", kind)
         local = _split(cols, tp, f"{name}: input features")
@@ -222,32 +402,13 @@ def _layer_tensor(
         return (rows, local), cols, [piece]
     if tensor_kind != "column-parallel":
         raise _spec_error(model, f"megatron tensor {name}: kind {tensor_kind!r} is not one of {list(KINDS[1:])}")
+    layout = spec.get("layout", "parts" if "parts" in spec else None)
+    if layout == "parts":
+        return _parts(model, spec, hf, kind, tp, tp_rank)
     cols = _dim(model, spec, "cols", kind)
-    layout = spec.get("layout")
     if layout == "qkv-grouped":
-        source = _sources(model, spec, ["q", "k", "v"])
-        q_name, k_name = hf(source["q"]), hf(source["k"])
-        v_name = k_name if kind.k_eq_v else hf(source["v"])
-        if kind.query_heads % kind.kv_heads:
-            raise ShapeError(
-                f"{model.name} {kind.name} attention: {kind.query_heads} query heads"
-                f" do not divide into {kind.kv_heads} groups"
-            )
-        groups = _split(kind.kv_heads, tp, f"{model.name} {kind.name} attention: key-value heads")
-        per_group, d = kind.query_heads // kind.kv_heads, kind.head_dim
-        block = (per_group + 2) * d
-        pieces = []
-        for local in range(groups):
-            group = tp_rank * groups + local
-            at = local * block
-            q_rows = (group * per_group * d, (group + 1) * per_group * d)
-            kv_rows = (group * d, (group + 1) * d)
-            pieces += [
-                SourcePiece(tensor=q_name, rows=q_rows, cols=(0, cols), at=at),
-                SourcePiece(tensor=k_name, rows=kv_rows, cols=(0, cols), at=at + per_group * d),
-                SourcePiece(tensor=v_name, rows=kv_rows, cols=(0, cols), at=at + (per_group + 1) * d),
-            ]
-        return (groups * block, cols), cols, pieces
+        shape, pieces = _qkv_grouped(model, spec, hf, kind, cols, tp, tp_rank)
+        return shape, cols, pieces
     if layout == "gate-up":
         source = _sources(model, spec, ["gate", "up"])
         rows = _dim(model, spec, "rows", kind)
@@ -258,17 +419,75 @@ def _layer_tensor(
             SourcePiece(tensor=hf(source["up"]), rows=(start, start + local), cols=(0, cols), at=local),
         ]
         return (2 * local, cols), cols, pieces
-    raise _spec_error(model, f"megatron tensor {name}: layout {layout!r} is not one of ['qkv-grouped', 'gate-up']")
+    raise _spec_error(
+        model, f"megatron tensor {name}: layout {layout!r} is not one of ['qkv-grouped', 'gate-up', 'parts']"
+    )
+
+
+def _number(model: ModelFacts, dotted: str) -> float:
+    value = model.field(dotted)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise _spec_error(model, f"field {dotted} must be a number, got {value!r}")
+    return float(value)
 
 
 def _synthetic_magnitudes(model: ModelFacts) -> tuple[float, float, float]:
-    values = []
-    for key in ("norm_gain_mean", "norm_gain_std", "embedding_std"):
-        value = model.field(f"synthetic.{key}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise _spec_error(model, f"field synthetic.{key} must be a number, got {value!r}")
-        values.append(float(value))
+    values = [_number(model, f"synthetic.{key}") for key in ("norm_gain_mean", "norm_gain_std", "embedding_std")]
     return values[0], values[1], values[2]
+
+
+def _init(model: ModelFacts, spec: dict[str, Any]) -> tuple[float, float] | None:
+    """The spec's named synthetic magnitude (mean, std), or None for the kind's rule."""
+    name = spec.get("init")
+    if name is None:
+        return None
+    if name == NORM_GAIN:
+        mean, std, _ = _synthetic_magnitudes(model)
+        return mean, std
+    if not isinstance(name, str):
+        raise _spec_error(model, f"megatron tensor {spec.get('name')}: init {name!r} is not a name")
+    return _number(model, f"synthetic.tensors.{name}.mean"), _number(model, f"synthetic.tensors.{name}.std")
+
+
+def _layer_specs(model: ModelFacts, kind: str) -> list[dict[str, Any]]:
+    """The tensor specs of a layer kind: one list for every layer, or a list per kind."""
+    specs = model.field("megatron.layer_tensors")
+    if isinstance(specs, dict):
+        if kind not in specs:
+            raise _spec_error(model, f"field megatron.layer_tensors has no tensors for layer kind {kind!r}")
+        specs = specs[kind]
+    if not isinstance(specs, list) or not all(isinstance(spec, dict) for spec in specs):
+        raise _spec_error(model, "field megatron.layer_tensors must be a list of tensors (or one per layer kind)")
+    for spec in specs:
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise _spec_error(model, f"megatron.layer_tensors entry {spec!r} has no name")
+    return specs
+
+
+def layer_kinds(model: ModelFacts) -> tuple[str, ...]:
+    """The model's layer kinds in the order their first layers appear."""
+    kinds: dict[str, None] = {}
+    for layer in range(model.layers):
+        kinds.setdefault(model.layer_kind(layer), None)
+    return tuple(kinds)
+
+
+def first_layer_of_each_kind(model: ModelFacts) -> tuple[int, ...]:
+    """The first layer of every layer kind, from the layer pattern (Gemma-4: 0 and 5; Nemotron-3:
+    0 Mamba, 1 MoE, 7 attention), in model order."""
+    return tuple(sorted(model.layers_of_kind(kind)[0] for kind in layer_kinds(model)))
+
+
+def _check_count(model: ModelFacts, value: object, what: str) -> int:
+    if not _count(value) or value < 1:
+        raise ShapeError(f"{model.name}: {what} {value!r} must be a positive integer")
+    return value
+
+
+def _check_rank(model: ModelFacts, rank: object, size: int, what: str) -> int:
+    if not _count(rank) or not 0 <= rank < size:
+        raise ShapeError(f"{model.name}: {what} rank {rank!r} outside 0..{size - 1}")
+    return rank
 
 
 def param_slices(
@@ -279,41 +498,55 @@ def param_slices(
     layers: Sequence[int],
     embedding_rows: int,
     scale: ParamScale = RECIPE,
+    ep: int = 1,
+    ep_rank: int = 0,
+    etp: int = 1,
 ) -> tuple[ParamSlice, ...]:
-    """TP rank `tp_rank`'s slices of the embedding (its first `embedding_rows` vocabulary rows) and
-    of every parameter of `layers`, in model order, at `scale`."""
+    """TP rank `tp_rank` and EP rank `ep_rank`'s slices of the embedding (its first `embedding_rows`
+    vocabulary rows) and of every parameter of `layers`, in model order, at `scale`. Routed experts
+    are the EP rank's local experts, whole (ETP 1); they belong to the "expert" optimizer when EP > 1,
+    every other tensor to the "dense" one."""
     if not isinstance(scale, ParamScale) or not isinstance(scale.divisor, int) or scale.divisor < 1:
         raise ShapeError(f"parameter scale {scale!r}: expected a ParamScale with a positive integer divisor")
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+    if not _count(tp) or tp < 1:
         raise ShapeError(f"{model.name}: TP size {tp!r} must be a positive integer")
-    if not isinstance(tp_rank, int) or isinstance(tp_rank, bool) or not 0 <= tp_rank < tp:
-        raise ShapeError(f"{model.name}: TP rank {tp_rank!r} outside 0..{tp - 1}")
+    _check_rank(model, tp_rank, tp, "TP")
+    if not _count(ep) or ep < 1:
+        raise ShapeError(f"{model.name}: EP size {ep!r} must be a positive integer")
+    _check_rank(model, ep_rank, ep, "EP")
+    if not _count(etp) or etp < 1:
+        raise ShapeError(f"{model.name}: ETP size {etp!r} must be a positive integer")
+    if etp != 1:
+        raise ShapeError(f"{model.name}: expert tensor parallelism {etp} is not modelled (ETP 1 only)")
     layer_list = list(layers)
     for layer in layer_list:
-        if not isinstance(layer, int) or isinstance(layer, bool):
+        if not _count(layer):
             raise ShapeError(f"{model.name}: layer {layer!r} is not an integer")
         model.layer_kind(layer)  # RecipeError naming the layer when it is outside the model
         if layer_list.count(layer) > 1:
             raise ShapeError(f"{model.name}: layer {layer} is listed twice")
     vocab = _positive(model, "vocab_size")
     vocab_part = _split(vocab, tp, f"{model.name}: vocabulary")
-    if not isinstance(embedding_rows, int) or isinstance(embedding_rows, bool) or not 1 <= embedding_rows <= vocab_part:
+    if not _count(embedding_rows) or not 1 <= embedding_rows <= vocab_part:
         raise ShapeError(
             f"{model.name}: embedding rows {embedding_rows!r} outside 1..{vocab_part}"
             f" (TP rank {tp_rank}'s part of the {vocab}-row vocabulary)"
         )
     d = scale.divisor
-    hidden = _divide(_positive(model, "hidden_size"), d, "hidden size", scale)
-    ffn = _divide(_positive(model, "ffn_hidden_size"), d, "FFN hidden size", scale)
+    hidden = _Dimensions(model, None, scale)["hidden"]
     rows = _divide(embedding_rows, d, "embedding rows", scale)
     gain_mean, gain_std, embedding_std = _synthetic_magnitudes(model)
     with_sources = scale.divisor == 1
 
-    def make(index: int, name: str, shape, layer, layer_kind, kind, fan_in, pieces) -> ParamSlice:
-        if kind == "norm":
+    def make(index, name, shape, layer, layer_kind, kind, fan_in, pieces, init=None, expert=None) -> ParamSlice:
+        if init is not None:
+            mean, std = init
+        elif kind == "norm":
             mean, std = gain_mean, gain_std
         elif kind == "embedding":
             mean, std = 0.0, embedding_std
+        elif fan_in is None:
+            raise _spec_error(model, f"megatron tensor {name}: no fan-in for synthetic values; name an init")
         else:
             mean, std = 0.0, 1.0 / math.sqrt(fan_in)
         return ParamSlice(
@@ -321,6 +554,8 @@ def param_slices(
             weight_decay=len(shape) >= 2 and not name.endswith(".bias"), index=index,
             sources=tuple(pieces) if with_sources else (), fan_in=fan_in, init_mean=mean, init_std=std,
             tp=tp, tp_rank=tp_rank, scale=scale.name,
+            optimizer="expert" if expert is not None and ep > 1 else "dense",
+            ep=ep, ep_rank=ep_rank, expert=expert,
         )
 
     embedding = model.field("megatron.embedding")
@@ -332,20 +567,44 @@ def param_slices(
     slices = [make(0, embedding["name"], (rows, hidden), None, None, "embedding", None, [piece])]
 
     prefix = model.field("megatron.layer_prefix")
-    specs = model.field("megatron.layer_tensors")
-    if not isinstance(specs, list) or not all(isinstance(spec, dict) for spec in specs):
-        raise _spec_error(model, "field megatron.layer_tensors must be a list of tensors")
     kinds: dict[str, _Kind] = {}
     for layer in sorted(layer_list):
         kind_name = model.layer_kind(layer)
         if kind_name not in kinds:
-            kinds[kind_name] = _layer_kind(model, kind_name, hidden, ffn, scale)
+            kinds[kind_name] = _layer_kind(model, kind_name, scale)
         kind = kinds[kind_name]
-        for spec in specs:
+        for spec in _layer_specs(model, kind_name):
+            init = _init(model, spec)
+            if spec.get("kind") == "expert":
+                for expert, name, shape, fan_in, pieces in _experts(model, spec, layer, kind, ep, ep_rank):
+                    slices.append(make(len(slices), prefix.format(layer=layer) + name, shape, layer, kind_name,
+                                       "expert", fan_in, pieces, init, expert))
+                continue
             shape, fan_in, pieces = _layer_tensor(model, spec, layer, kind, tp, tp_rank)
             name = prefix.format(layer=layer) + spec["name"]
-            slices.append(make(len(slices), name, shape, layer, kind_name, spec["kind"], fan_in, pieces))
+            slices.append(make(len(slices), name, shape, layer, kind_name, spec["kind"], fan_in, pieces, init))
     return tuple(slices)
+
+
+def _experts(model: ModelFacts, spec: dict[str, Any], layer: int, kind: _Kind, ep: int, ep_rank: int):
+    """The EP rank's local experts of one grouped expert tensor: (global index, local name, shape,
+    fan-in, pieces) each, in local order; whole tensors at ETP 1."""
+    name = spec["name"]
+    if "{expert}" not in name:
+        raise _spec_error(model, f"megatron tensor {name}: an expert tensor's name needs {{expert}}")
+    experts = kind.dims["experts"]
+    if experts % ep:
+        raise ShapeError(f"{model.name}: {experts} experts do not split evenly over EP {ep}")
+    local = experts // ep
+    rows, cols = _dim(model, spec, "rows", kind), _dim(model, spec, "cols", kind)
+    key = _sources(model, spec, ["weight"])["weight"]
+    out = []
+    for index in range(local):
+        expert = ep_rank * local + index
+        tensor = checkpoint_tensor(model, key, layer, expert)
+        piece = SourcePiece(tensor=tensor, rows=(0, rows), cols=(0, cols), at=0)
+        out.append((expert, name.format(expert=index), (rows, cols), cols, [piece]))
+    return out
 
 
 # --- checkpoint values -------------------------------------------------------------------------
@@ -374,8 +633,8 @@ def _checkpoint_files(folder: FilePath) -> dict[str, FilePath]:
 def _read_piece(handle: Any, piece: SourcePiece, param: ParamSlice) -> torch.Tensor:
     part = handle.get_slice(piece.tensor)
     stored = tuple(part.get_shape())
-    wanted = piece.shape
-    fits = len(stored) == len(wanted) and piece.rows[1] <= stored[0]
+    dims = len(param.shape) if piece.cols is None else 2  # no cols: the rows with every trailing dimension
+    fits = len(stored) == dims and piece.rows[1] <= stored[0]
     if fits and piece.cols is not None:
         fits = piece.cols[1] <= stored[1]
     if not fits or any(start < 0 or stop <= start for start, stop in filter(None, (piece.rows, piece.cols))):
@@ -425,10 +684,13 @@ def load_slice(checkpoint_dir: str | FilePath, param: ParamSlice) -> torch.Tenso
 
 
 def synthetic_seed(param: ParamSlice, seed: int) -> int:
-    """A 128-bit generator seed from the seed, the tensor's name, the TP rank and the scale."""
+    """A 128-bit generator seed from the seed, the tensor's name, the TP rank, the scale and a routed
+    expert's global index."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"synthetic seed {seed!r} is not an integer")
     key = f"{seed}|{param.name}|tp{param.tp}/{param.tp_rank}|{param.scale}"
+    if param.expert is not None:
+        key += f"|expert{param.expert}"  # local names repeat on every EP rank
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "little")
 
 

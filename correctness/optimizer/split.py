@@ -17,15 +17,23 @@ Confirmed in radixark/Megatron-LM at the recipe's commit 37f91617 (megatron-core
   follow the grad buffer's order; megatron/core/distributed/param_and_grad_buffer.py fills the
   buffer with `params[::-1]` (reverse of named_parameters(), "to roughly follow backprop order").
   So inside a group the order is reverse model order: the last layer first, the embedding last.
+- megatron/core/optimizer/__init__.py, `get_megatron_optimizer`: parameters with `allreduce=False`
+  (routed experts at EP > 1, TEGroupedLinear in megatron/core/extensions/transformer_engine.py)
+  get their own optimizer, built from the `expert_parallel_buffers`, after the dense one built from
+  the `buffers`; `_get_megatron_optimizer_based_on_param_groups` makes each a HybridDeviceOptimizer
+  with the same `optimizer_offload_fraction`, so the fraction applies to each on its own, each with
+  the group and order rules above (megatron/core/distributed/distributed_data_parallel.py fills the
+  dense and the expert-parallel buffers from named_parameters() separately). The ChainedOptimizer
+  (megatron/core/optimizer/optimizer.py) clips every optimizer's gradients with one global norm.
 At DP 1 each rank's shard of a parameter is the whole rank-local tensor, as modelled here.
 """
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 
-from correctness.optimizer.slices import ParamSlice
+from correctness.optimizer.slices import OPTIMIZERS, ParamSlice
 
 CPU = "cpu"
 GPU = "gpu"
@@ -40,23 +48,38 @@ def _check_fraction(fraction: object) -> float:
     return value
 
 
-def offload_order(slices: Iterable[ParamSlice]) -> tuple[ParamSlice, ...]:
-    """The order the hybrid optimizer walks: weight-decayed tensors, then norms and biases, each
-    group in reverse model order."""
+def _checked(slices: Iterable[ParamSlice]) -> tuple[ParamSlice, ...]:
     slices = tuple(slices)
     seen: set[str] = set()
     for param in slices:
         if param.name in seen:
             raise ValueError(f"parameter {param.name} is listed twice")
         seen.add(param.name)
+        if param.optimizer not in OPTIMIZERS:
+            raise ValueError(f"parameter {param.name}: optimizer {param.optimizer!r} is not one of {list(OPTIMIZERS)}")
+    return slices
+
+
+def _walk(slices: Sequence[ParamSlice]) -> tuple[ParamSlice, ...]:
     backwards = sorted(slices, key=lambda param: param.index, reverse=True)
     return tuple(p for p in backwards if p.weight_decay) + tuple(p for p in backwards if not p.weight_decay)
 
 
-def offload_split(slices: Iterable[ParamSlice], fraction: float) -> dict[str, str]:
-    """"cpu" or "gpu" for each Megatron name, in offload order."""
-    fraction = _check_fraction(fraction)
-    order = offload_order(slices)
+def offload_orders(slices: Iterable[ParamSlice]) -> dict[str, tuple[ParamSlice, ...]]:
+    """Each optimizer's walk (only those with parameters, dense first): weight-decayed tensors, then
+    norms and biases, each group in reverse model order."""
+    slices = _checked(slices)
+    orders = {name: _walk([p for p in slices if p.optimizer == name]) for name in OPTIMIZERS}
+    return {name: order for name, order in orders.items() if order}
+
+
+def offload_order(slices: Iterable[ParamSlice]) -> tuple[ParamSlice, ...]:
+    """Every optimizer's walk, one after the other (dense, then expert); for a model without expert
+    parallelism the order the one hybrid optimizer walks."""
+    return tuple(param for order in offload_orders(slices).values() for param in order)
+
+
+def _split_one(order: Sequence[ParamSlice], fraction: float) -> dict[str, str]:
     threshold = sum(param.numel for param in order) * fraction
     offloaded = 0
     split = {}
@@ -69,13 +92,35 @@ def offload_split(slices: Iterable[ParamSlice], fraction: float) -> dict[str, st
     return split
 
 
+def offload_split(slices: Iterable[ParamSlice], fraction: float) -> dict[str, str]:
+    """"cpu" or "gpu" for each Megatron name, each optimizer split on its own at `fraction`, in
+    offload order (dense, then expert)."""
+    fraction = _check_fraction(fraction)
+    split: dict[str, str] = {}
+    for order in offload_orders(slices).values():
+        split.update(_split_one(order, fraction))
+    return split
+
+
 @dataclass(frozen=True, kw_only=True)
 class OffloadSummary:
+    """The split of some parameters: all of them (`optimizer` None), or one optimizer's."""
+
     fraction: float
     cpu: tuple[str, ...]  # names, in offload order
     gpu: tuple[str, ...]
     cpu_numel: int
     gpu_numel: int
+    optimizer: str | None = None
+    optimizers: dict[str, "OffloadSummary"] = field(default_factory=dict)  # per optimizer, dense first
+
+    @property
+    def tensors(self) -> int:
+        return len(self.cpu) + len(self.gpu)
+
+    @property
+    def parameters(self) -> int:
+        return self.cpu_numel + self.gpu_numel
 
     @property
     def gpu_share(self) -> float:
@@ -84,12 +129,23 @@ class OffloadSummary:
         return self.gpu_numel / total if total else 0.0
 
 
-def offload_summary(slices: Sequence[ParamSlice], fraction: float) -> OffloadSummary:
-    split = offload_split(slices, fraction)
-    numel = {param.name: param.numel for param in slices}
+def _summary(
+    split: dict[str, str], numel: dict[str, int], fraction: float, optimizer: str | None, **extra
+) -> OffloadSummary:
     cpu = tuple(name for name, device in split.items() if device == CPU)
     gpu = tuple(name for name, device in split.items() if device == GPU)
     return OffloadSummary(
-        fraction=float(fraction), cpu=cpu, gpu=gpu,
-        cpu_numel=sum(numel[name] for name in cpu), gpu_numel=sum(numel[name] for name in gpu),
+        fraction=float(fraction), cpu=cpu, gpu=gpu, optimizer=optimizer,
+        cpu_numel=sum(numel[name] for name in cpu), gpu_numel=sum(numel[name] for name in gpu), **extra,
     )
+
+
+def offload_summary(slices: Sequence[ParamSlice], fraction: float) -> OffloadSummary:
+    """The whole split, with each optimizer's own summary in `optimizers` (tensors, parameters, GPU share)."""
+    fraction = _check_fraction(fraction)
+    numel = {param.name: param.numel for param in slices}
+    per_optimizer = {
+        name: _summary(_split_one(order, fraction), numel, fraction, name)
+        for name, order in offload_orders(slices).items()
+    }
+    return _summary(offload_split(slices, fraction), numel, fraction, None, optimizers=per_optimizer)

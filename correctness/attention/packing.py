@@ -1,0 +1,156 @@
+"""The THD-packing lever: attention over rows packed into one THD sequence (cumulative sequence
+lengths, no attention across a row boundary) against the same rows attended one at a time in BSHD,
+and an FP64 reference; forward and backward.
+
+The Nemotron-3-Super recipe packs two 8,192-token rows per microbatch where its reference ran one
+row at a time. Tiers: "cpu" (smoke scale: torch SDPA's flash CPU kernel and the eager unfused path,
+each packed against itself row by row), "gpu" (recipe scale, fused SDPA backends) and the recipe's
+GPU with Transformer Engine (qkv_format thd, auto and forced fused). Negative controls: packing
+without the boundary (the second row sees the first) and the boundary one token late.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from correctness.attention.eager import EagerUnfused
+from correctness.attention.inputs import AttentionInputs, synthetic_inputs
+from correctness.attention.reference import Fp64Reference
+from correctness.attention.sdpa import Sdpa
+from correctness.attention.te import TransformerEngine
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path, PathOutput
+from correctness.models import load_model
+from correctness.recipes import Recipe, lever_recipe
+from correctness.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape
+
+NAME = "thd-packing"
+VERSION = 1
+SEEDS = (0, 1)
+PACKING_SMOKE_SCALE = Scale(name="smoke", kv_groups=2, seq_len=1024)  # the recipe's rows per microbatch
+GPU_SDPA_BACKENDS = ("efficient", "cudnn")  # flash takes no mask, and packed rows need one
+
+
+@dataclass(frozen=True)
+class PerRow:
+    """A path run on each packed row on its own, in BSHD, its outputs packed back: no packing."""
+
+    base: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}-per-row"
+
+    def run(self, inputs: AttentionInputs) -> PathOutput:
+        shape = inputs.shape
+        bounds = shape.cu_seqlens
+        pieces: dict[str, list[torch.Tensor]] = {}
+        backends: dict[str, None] = {}
+        for start, end in zip(bounds, bounds[1:]):
+            row = AttentionInputs(
+                shape=shape.with_changes(qkv_format="bshd", batch=1, seq_len=end - start, boundaries=None),
+                q=inputs.q[start:end].unsqueeze(0),
+                k=inputs.k[start:end].unsqueeze(0),
+                v=inputs.v[start:end].unsqueeze(0),
+                grad_out=inputs.grad_out[start:end].unsqueeze(0),
+            )
+            output = self.base.run(row)
+            backends[output.backend] = None
+            for name, tensor in output.tensors.items():
+                pieces.setdefault(name, []).append(tensor.squeeze(0))
+        return PathOutput(
+            tensors={name: torch.cat(parts) for name, parts in pieces.items()},
+            backend=" | ".join(backends) + f", {len(bounds) - 1} rows one at a time",
+            details={"rows": len(bounds) - 1},
+        )
+
+
+def packing_case(shape: AttentionShape, seed: int) -> Case:
+    return Case(
+        id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
+        make_inputs=lambda device: synthetic_inputs(shape, seed, device, "model-like"),
+    )
+
+
+def without_boundary(shape: AttentionShape) -> tuple[int, ...]:
+    return (0, shape.tokens)
+
+
+def boundary_one_late(shape: AttentionShape) -> tuple[int, ...]:
+    bounds = list(shape.cu_seqlens)
+    bounds[1] += 1
+    return tuple(bounds)
+
+
+def needs_two_rows(case: Case) -> str | None:
+    rows = len(case.shape.cu_seqlens or (0, 0)) - 1
+    return None if rows >= 2 else f"{rows} packed row: no boundary to get wrong"
+
+
+def packing_controls(candidate: Path) -> tuple[Control, ...]:
+    return (
+        Control(
+            name="no row boundary",
+            path=Mutated(base=candidate, mutation="rows packed without a boundary",
+                         mutate=lambda inputs: inputs.with_shape(boundaries=without_boundary(inputs.shape))),
+            why_inapplicable=needs_two_rows,
+        ),
+        Control(
+            name="boundary one token late",
+            path=Mutated(base=candidate, mutation="first boundary one token late",
+                         mutate=lambda inputs: inputs.with_shape(boundaries=boundary_one_late(inputs.shape))),
+            why_inapplicable=needs_two_rows,
+        ),
+    )
+
+
+def packing_lever(
+    *, recipe: Recipe, tier: str, scale: Scale, device: str, packed: Path, description: str
+) -> Lever:
+    model = load_model(recipe.model)
+    cases = []
+    for kind in model.attention_kinds:
+        shape = attention_shape(recipe, model, kind, scale)
+        if shape.qkv_format != "thd":
+            continue
+        cases += [packing_case(shape, seed) for seed in SEEDS]
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref, device=device,
+        cases=tuple(cases), candidate=packed, default=PerRow(packed), reference=Fp64Reference(),
+        controls=packing_controls(packed),
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [
+        packing_lever(
+            recipe=recipe, tier="cpu", scale=PACKING_SMOKE_SCALE, device="cpu", packed=path,
+            description=f"{label} over two packed rows (THD) against the same rows one at a time (BSHD)"
+            " and an FP64 reference",
+        )
+        for path, label in ((Sdpa("flash"), "torch SDPA's flash CPU kernel"), (EagerUnfused(), "eager unfused attention"))
+    ]
+
+
+def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [
+        packing_lever(
+            recipe=recipe, tier="gpu", scale=RECIPE_SCALE, device="cuda", packed=Sdpa(backend),
+            description=f"torch SDPA's {backend} backend over packed rows (THD) against the same rows one at a"
+            " time (BSHD) and an FP64 reference",
+        )
+        for backend in GPU_SDPA_BACKENDS
+    ]
+
+
+def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [
+        packing_lever(
+            recipe=recipe, tier=recipe.gpu.lower(), scale=RECIPE_SCALE, device="cuda", packed=TransformerEngine(backend),
+            description=f"TE's {backend} attention over two packed rows (THD) against the same rows one at a time"
+            " (BSHD) and an FP64 reference",
+        )
+        for backend in ("auto", "fused")
+    ]
