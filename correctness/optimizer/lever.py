@@ -73,6 +73,7 @@ class OffloadShape:
     gpu_tensors: tuple[str, ...]
     vector_tensors: tuple[str, ...]  # the 1-D tensors (norm gains, biases, Mamba's A_log, D, dt_bias)
     optimizers: dict[str, dict[str, Any]]  # per optimizer (dense, expert): its own split
+    inventory: tuple[tuple[str, tuple[int, ...], str, str], ...]  # (name, shape, optimizer, share) per tensor
     steps: int
     preclip_norms: tuple[float, ...]
 
@@ -85,7 +86,12 @@ class OffloadShape:
         )
 
     def record(self) -> dict[str, Any]:
-        return {"id": self.id, **asdict(self), "gpu_share": self.gpu_parameters / self.parameters}
+        fields = asdict(self)
+        fields["inventory"] = [
+            {"name": name, "shape": list(shape), "optimizer": optimizer, "share": share}
+            for name, shape, optimizer, share in self.inventory
+        ]
+        return {"id": self.id, **fields, "gpu_share": self.gpu_parameters / self.parameters}
 
 
 def recipe_slices(recipe: Recipe, model: ModelFacts, scale: ParamScale) -> tuple[ParamSlice, ...]:
@@ -140,6 +146,7 @@ def offload_shape(setting: OffloadSetting, preclip_norms: tuple[float, ...]) -> 
         fraction=setting.fraction, tensors=len(setting.slices), parameters=sum(p.numel for p in setting.slices),
         gpu_parameters=sum(p.numel for p in on_gpu), gpu_tensors=tuple(p.name for p in on_gpu),
         optimizers=optimizers, steps=len(preclip_norms), preclip_norms=preclip_norms,
+        inventory=tuple((p.name, p.shape, p.optimizer, setting.shares[p.name]) for p in setting.slices),
     )
 
 
