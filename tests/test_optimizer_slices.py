@@ -18,8 +18,7 @@ from safetensors.torch import save_file
 
 import correctness.optimizer.slices as slices_module
 from correctness.errors import CaseInputError, RecipeError, ShapeError
-from correctness.fixtures import recipe_path
-from correctness.models import ModelFacts, load_model
+from correctness.models import ModelFacts
 from correctness.optimizer.slices import (
     RECIPE,
     SMOKE,
@@ -33,38 +32,26 @@ from correctness.optimizer.slices import (
 )
 from correctness.optimizer.config import optimizer_config
 from correctness.optimizer.split import CPU, GPU, offload_order, offload_orders, offload_split, offload_summary
-from correctness.recipes import load_recipe
 
-RECIPE_ID = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 LAYERS = (0, 5)  # a sliding layer and a global one
 EMBEDDING_ROWS = 8192
 
 
 @pytest.fixture(scope="module")
-def recipe():
-    return load_recipe(recipe_path(RECIPE_ID))
+def fraction(gemma_recipe):
+    return gemma_recipe.field("layout.offload.optimizer_fraction")
 
 
-@pytest.fixture(scope="module")
-def gemma(recipe):
-    return load_model(recipe.model)
-
-
-@pytest.fixture(scope="module")
-def fraction(recipe):
-    return recipe.field("layout.offload.optimizer_fraction")
-
-
-def recipe_slices(recipe, gemma, scale=RECIPE, tp_rank=0):
-    return param_slices(gemma, tp=recipe.tp, tp_rank=tp_rank, layers=LAYERS, embedding_rows=EMBEDDING_ROWS, scale=scale)
+def recipe_slices(gemma_recipe, gemma, scale=RECIPE, tp_rank=0):
+    return param_slices(gemma, tp=gemma_recipe.tp, tp_rank=tp_rank, layers=LAYERS, embedding_rows=EMBEDDING_ROWS, scale=scale)
 
 
 # --- the recipe's slices and split -------------------------------------------------------------
 
 
-def test_recipe_slices_and_gpu_share(recipe, gemma, fraction):
-    params = recipe_slices(recipe, gemma)
-    assert fraction == 0.8 and recipe.tp == 2
+def test_recipe_slices_and_gpu_share(gemma_recipe, gemma, fraction):
+    params = recipe_slices(gemma_recipe, gemma)
+    assert fraction == 0.8 and gemma_recipe.tp == 2
     assert len(params) == 21
     total = sum(p.numel for p in params)
     assert total == 556_051_968
@@ -81,8 +68,8 @@ def test_recipe_slices_and_gpu_share(recipe, gemma, fraction):
     }
 
 
-def test_recipe_slice_inventory(recipe, gemma):
-    params = recipe_slices(recipe, gemma)
+def test_recipe_slice_inventory(gemma_recipe, gemma):
+    params = recipe_slices(gemma_recipe, gemma)
     by_name = {p.name: p for p in params}
     assert [p.index for p in params] == list(range(21))
     assert params[0].name == "embedding.word_embeddings.weight" and params[0].layer is None
@@ -102,7 +89,7 @@ def test_recipe_slice_inventory(recipe, gemma):
     ]
     hidden, ffn = gemma.field("hidden_size"), gemma.field("ffn_hidden_size")
     sliding, global_ = gemma.attention_kind("sliding"), gemma.attention_kind("global")
-    tp = recipe.tp
+    tp = gemma_recipe.tp
 
     def shape(name):
         return by_name[name].shape
@@ -125,15 +112,15 @@ def test_recipe_slice_inventory(recipe, gemma):
         assert param.numel == math.prod(param.shape)
 
 
-def test_rank_one_slices_have_the_same_shapes(recipe, gemma):
-    rank0, rank1 = recipe_slices(recipe, gemma), recipe_slices(recipe, gemma, tp_rank=1)
+def test_rank_one_slices_have_the_same_shapes(gemma_recipe, gemma):
+    rank0, rank1 = recipe_slices(gemma_recipe, gemma), recipe_slices(gemma_recipe, gemma, tp_rank=1)
     assert [(p.name, p.shape) for p in rank0] == [(p.name, p.shape) for p in rank1]
     embedding = rank1[0].sources[0]
     assert embedding.rows == (gemma.field("vocab_size") // 2, gemma.field("vocab_size") // 2 + EMBEDDING_ROWS)
 
 
-def test_recipe_offload_order(recipe, gemma):
-    order = [p.name for p in offload_order(recipe_slices(recipe, gemma))]
+def test_recipe_offload_order(gemma_recipe, gemma):
+    order = [p.name for p in offload_order(recipe_slices(gemma_recipe, gemma))]
     decayed = order[:9]
     assert decayed == [
         "decoder.layers.5.mlp.linear_fc2.weight",
@@ -150,9 +137,9 @@ def test_recipe_offload_order(recipe, gemma):
     assert order[-1] == "decoder.layers.0.self_attention.linear_proj.post_layernorm.weight"
 
 
-def test_smoke_scale_counts(recipe, gemma, fraction):
-    recipe_params = recipe_slices(recipe, gemma)
-    params = recipe_slices(recipe, gemma, scale=SMOKE)
+def test_smoke_scale_counts(gemma_recipe, gemma, fraction):
+    recipe_params = recipe_slices(gemma_recipe, gemma)
+    params = recipe_slices(gemma_recipe, gemma, scale=SMOKE)
     assert [(p.name, p.kind, p.weight_decay, p.index) for p in params] == [
         (p.name, p.kind, p.weight_decay, p.index) for p in recipe_params
     ]
@@ -422,7 +409,7 @@ def test_only_the_slice_is_read(tiny, tmp_path, monkeypatch):
         assert {name for name, _ in recording.reads} == {piece.tensor for piece in param.sources}
 
 
-def test_checkpoint_errors(tiny, gemma, recipe, tmp_path):
+def test_checkpoint_errors(tiny, gemma, gemma_recipe, tmp_path):
     tensors = full_tensors(tiny)
     params = param_slices(tiny, tp=2, tp_rank=0, layers=LAYERS, embedding_rows=5)
     qkv0 = params[4]
@@ -455,15 +442,15 @@ def test_checkpoint_errors(tiny, gemma, recipe, tmp_path):
     (folder / shard).unlink()
     fails(folder, embedding, rf"file {shard} \(holding {embedding.sources[0].tensor}\) is missing")
 
-    smoke = recipe_slices(recipe, gemma, scale=SMOKE)[1]
+    smoke = recipe_slices(gemma_recipe, gemma, scale=SMOKE)[1]
     fails(tmp_path / "ckpt", smoke, rf"{smoke.name}: smoke-scale slices have no checkpoint values")
 
 
 # --- synthetic values --------------------------------------------------------------------------
 
 
-def test_synthetic_values_are_seeded_per_tensor(recipe, gemma):
-    params = recipe_slices(recipe, gemma, scale=SMOKE)
+def test_synthetic_values_are_seeded_per_tensor(gemma_recipe, gemma):
+    params = recipe_slices(gemma_recipe, gemma, scale=SMOKE)
     qkv = params[4]
     first = synthetic_slice(qkv, 0)
     assert first.dtype == torch.bfloat16 and tuple(first.shape) == qkv.shape
@@ -472,13 +459,13 @@ def test_synthetic_values_are_seeded_per_tensor(recipe, gemma):
     fc1_layer0, fc1_layer5 = params[8], params[18]
     assert fc1_layer0.shape == fc1_layer5.shape and fc1_layer0.name != fc1_layer5.name
     assert not torch.equal(synthetic_slice(fc1_layer0, 0), synthetic_slice(fc1_layer5, 0))
-    rank1 = recipe_slices(recipe, gemma, scale=SMOKE, tp_rank=1)[4]
+    rank1 = recipe_slices(gemma_recipe, gemma, scale=SMOKE, tp_rank=1)[4]
     assert not torch.equal(first, synthetic_slice(rank1, 0))
 
 
-def test_synthetic_values_are_stable_across_runs(recipe, gemma):
+def test_synthetic_values_are_stable_across_runs(gemma_recipe, gemma):
     """A pinned digest: the stream depends only on the seed, the name, the rank and the scale."""
-    gain = recipe_slices(recipe, gemma)[3]  # layer 0's input norm, 5,376 values
+    gain = recipe_slices(gemma_recipe, gemma)[3]  # layer 0's input norm, 5,376 values
     values = synthetic_slice(gain, 1234)
     digest = hashlib.sha256(values.view(torch.int16).numpy().tobytes()).hexdigest()
     assert digest == PINNED_DIGEST
@@ -487,8 +474,8 @@ def test_synthetic_values_are_stable_across_runs(recipe, gemma):
 PINNED_DIGEST = "61add3bb4e691bfdc101f59037df393331766e3b59213dde9317075dc9bb9a3c"
 
 
-def test_synthetic_magnitudes(recipe, gemma):
-    params = {p.name: p for p in recipe_slices(recipe, gemma, scale=SMOKE)}
+def test_synthetic_magnitudes(gemma_recipe, gemma):
+    params = {p.name: p for p in recipe_slices(gemma_recipe, gemma, scale=SMOKE)}
     embedding = synthetic_slice(params["embedding.word_embeddings.weight"], 0).double()
     assert abs(embedding.mean()) < 1e-3
     assert embedding.std() == pytest.approx(gemma.field("synthetic.embedding_std"), rel=0.02)
@@ -496,26 +483,26 @@ def test_synthetic_magnitudes(recipe, gemma):
         param = params[name]
         values = synthetic_slice(param, 0).double()
         assert values.std() == pytest.approx(1 / math.sqrt(param.fan_in), rel=0.02)
-    gains = synthetic_slice(recipe_slices(recipe, gemma)[3], 0).double()  # 5,376 gains
+    gains = synthetic_slice(recipe_slices(gemma_recipe, gemma)[3], 0).double()  # 5,376 gains
     assert gains.mean() == pytest.approx(gemma.field("synthetic.norm_gain_mean"), abs=0.01)
     assert gains.std() == pytest.approx(gemma.field("synthetic.norm_gain_std"), rel=0.1)
 
 
-def test_synthetic_values_span_blocks(recipe, gemma, monkeypatch):
+def test_synthetic_values_span_blocks(gemma_recipe, gemma, monkeypatch):
     monkeypatch.setattr(slices_module, "SYNTHETIC_CHUNK", 1001)  # odd blocks, a short last one
-    param = recipe_slices(recipe, gemma, scale=SMOKE)[1]
+    param = recipe_slices(gemma_recipe, gemma, scale=SMOKE)[1]
     values = synthetic_slice(param, 3).double()
     assert torch.isfinite(values).all()
     assert values.std() == pytest.approx(1 / math.sqrt(param.fan_in), rel=0.03)
 
 
-def test_synthetic_seed_must_be_an_integer(recipe, gemma):
+def test_synthetic_seed_must_be_an_integer(gemma_recipe, gemma):
     with pytest.raises(ValueError, match=r"synthetic seed 1\.5 is not an integer"):
-        synthetic_slice(recipe_slices(recipe, gemma, scale=SMOKE)[2], 1.5)
+        synthetic_slice(recipe_slices(gemma_recipe, gemma, scale=SMOKE)[2], 1.5)
 
 
-def test_gemma_slices_are_all_dense(recipe, gemma, fraction):
-    params = recipe_slices(recipe, gemma)
+def test_gemma_slices_are_all_dense(gemma_recipe, gemma, fraction):
+    params = recipe_slices(gemma_recipe, gemma)
     assert {(p.optimizer, p.ep, p.ep_rank, p.expert) for p in params} == {("dense", 1, 0, None)}
     summary = offload_summary(params, fraction)
     assert list(summary.optimizers) == ["dense"]
@@ -568,24 +555,13 @@ def test_split_rejects_an_unknown_optimizer():
 # optimizer keeps the embedding slice and its 8 1-D tensors on the GPU (33,571,424, 36.74%), the
 # expert optimizer the first 57 experts' linear_fc1 (156,893,184, 44.53%).
 
-NEMOTRON_ID = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 EMBEDDING = "embedding.word_embeddings.weight"
 
 
-@pytest.fixture(scope="module")
-def nemotron_recipe():
-    return load_recipe(recipe_path(NEMOTRON_ID))
-
-
-@pytest.fixture(scope="module")
-def nemotron(nemotron_recipe):
-    return load_model(nemotron_recipe.model)
-
-
-def nemotron_slices(recipe, model, scale=RECIPE, **changes):
+def nemotron_slices(gemma_recipe, model, scale=RECIPE, **changes):
     arguments = {
-        "tp": recipe.tp, "tp_rank": 0, "ep": recipe.field("layout.ep"), "ep_rank": 0,
-        "etp": recipe.field("layout.etp"), "layers": first_layer_of_each_kind(model),
+        "tp": gemma_recipe.tp, "tp_rank": 0, "ep": gemma_recipe.field("layout.ep"), "ep_rank": 0,
+        "etp": gemma_recipe.field("layout.etp"), "layers": first_layer_of_each_kind(model),
         "embedding_rows": EMBEDDING_ROWS, "scale": scale, **changes,
     }
     return param_slices(model, **arguments)

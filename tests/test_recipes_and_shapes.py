@@ -21,26 +21,6 @@ GEMMA_RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON_RECIPE = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
 
-@pytest.fixture(scope="module")
-def gemma_recipe():
-    return load_recipe(recipe_path(GEMMA_RECIPE))
-
-
-@pytest.fixture(scope="module")
-def nemotron_recipe():
-    return load_recipe(recipe_path(NEMOTRON_RECIPE))
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    return load_model("Gemma-4-31B")
-
-
-@pytest.fixture(scope="module")
-def nemotron():
-    return load_model("Nemotron-3-Super-120B-A12B")
-
-
 # The fixture recipes
 
 

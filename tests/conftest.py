@@ -1,0 +1,30 @@
+"""The seed recipes and their model facts, shared by the unit tests."""
+
+import pytest
+
+from correctness.fixtures import recipe_path
+from correctness.models import load_model
+from correctness.recipes import load_recipe
+
+GEMMA_RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
+NEMOTRON_RECIPE = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+
+
+@pytest.fixture(scope="session")
+def gemma_recipe():
+    return load_recipe(recipe_path(GEMMA_RECIPE))
+
+
+@pytest.fixture(scope="session")
+def nemotron_recipe():
+    return load_recipe(recipe_path(NEMOTRON_RECIPE))
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_recipe):
+    return load_model(gemma_recipe.model)
+
+
+@pytest.fixture(scope="session")
+def nemotron(nemotron_recipe):
+    return load_model(nemotron_recipe.model)
