@@ -3,9 +3,11 @@
 An entry for the same test and GPU is replaced in place, others are appended (a convergence check
 replaces the correctness.convergence block); every other byte of
 the recipe stays as it was (round-trip YAML), and the file is replaced atomically, only after the
-new recipe has passed the schema. A record that contradicts itself (it passes while a case failed
-or a negative control passed), belongs to another model, or was written by another version of a
-lever is refused, and the recipe is left untouched.
+new recipe has passed the schema. A record that contradicts itself (its verdict is not what its
+cases say, or a case passes while its candidate or a negative control says otherwise), lacks a case
+its lever declares, ran no case, belongs to another model, or was written by another version of a
+lever is refused, and the recipe is left untouched. An `incomplete` verdict (a required case
+skipped) is written as it is, never as a pass.
 """
 
 import datetime
@@ -15,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
-from correctness.entries import generic_text, gpu_label
+from correctness.entries import count, errors_sentence, generic_text, gpu_label, ran_cases
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.levers import KNOWN_LEVERS
 from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
-from correctness.results import read_record
+from correctness.results import RAN, SKIP, read_record, record_assessment
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
 
@@ -47,14 +49,18 @@ def record_problems(record: dict[str, Any], recipe: Recipe) -> list[str]:
     known = KNOWN_LEVERS.get(lever["name"])
     if known and lever["version"] != known.version:
         problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
-    statuses = [case["status"] for case in record["cases"]]
-    if "pass" not in statuses and "fail" not in statuses:
+    expected, completeness = record_assessment(record)
+    if completeness.missing:
+        problems.append(
+            f"it lacks {count(len(completeness.missing))} of the {count(completeness.declared)} cases its lever"
+            f" declares ({', '.join(completeness.missing)})"
+        )
+    if expected == SKIP:
         problems.append("none of its cases ran")
-    expected = "fail" if "fail" in statuses else "pass"
     if record["verdict"] != expected:
         problems.append(f"its verdict is {record['verdict']} but its cases say {expected}")
     for case in record["cases"]:
-        if case["status"] != "pass":
+        if case["status"] not in RAN:
             continue
         for control in case["controls"]:
             if control["applies"] and not control["fails_bound"]:
@@ -67,20 +73,22 @@ def record_problems(record: dict[str, Any], recipe: Recipe) -> list[str]:
 
 def entry_text(record: dict[str, Any]) -> dict[str, str]:
     known = KNOWN_LEVERS.get(record["lever"]["name"])
-    if known is None or known.wording is None:
+    if known is None or known.wording is None or not ran_cases(record):
         return generic_text(record)
     return importlib.import_module(known.wording).entry_text(record)
 
 
 def component_test_entry(record: dict[str, Any]) -> dict[str, Any]:
     text = entry_text(record)
+    errors = errors_sentence(record)
+    detail = "; ".join(part for part in (text["detail"], errors) if part)
     return {
         "test": record["lever"]["description"],
         "shape": text["shape"],
         "gpu": gpu_label(record),
         "date": datetime.date.fromisoformat(record["finished"][:10]),
         "result": record["verdict"],
-        "detail": text["detail"],
+        "detail": detail,
         "note": text["note"],
     }
 

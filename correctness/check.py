@@ -5,10 +5,10 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
-from correctness.classify import Classification, classify_recipe
+from correctness.classify import COVERED, FAILED, Classification, classify_recipe
 from correctness.recipes import Recipe, load_recipe, validate_recipe
+from correctness.results import FAIL, INCOMPLETE, PASS
 
-PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def check_recipe(path: str | FilePath, reference: str | FilePath | None = None) 
         if change.lever is None:
             continue
         result = change.lever_result
-        status = PASS if result == "pass" else FAIL if result == "fail" else INCOMPLETE
+        status = {COVERED: PASS, FAILED: FAIL}.get(change.outcome, INCOMPLETE)
         detail = (
             f"{change.flag} {' '.join(change.reference_values or ['(default)'])} -> "
             f"{' '.join(change.candidate_values or ['(absent)'])}: "

@@ -30,6 +30,7 @@ import yaml
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
 from correctness.recipes import Recipe, training_arguments
+from correctness.results import FAIL, INCOMPLETE, NO_KERNEL_CHANGE, PASS
 
 REFERENCES_DIR = FIXTURES_DIR / "references"
 CLASSES = ("placement", "numerics", "batching", "must-match", "inert")
@@ -38,9 +39,9 @@ Arguments = Mapping[str, list[list[str]]]
 
 # A change's outcome: what it asks of the configuration.
 OK = "ok"  # placement, batching, inert
-COVERED = "covered"  # numerics, its lever passed
+COVERED = "covered"  # numerics, its lever passed (or ran the reference's own kernel: no kernel change)
 FAILED = "fail"  # numerics, its lever failed
-MISSING = "missing"  # numerics, no result for its lever
+MISSING = "missing"  # numerics, no result for its lever, or an incomplete one
 REVIEW = "review"  # unknown argument, or numerics without a lever
 ERROR = "error"  # must-match: a configuration error
 
@@ -210,9 +211,9 @@ class Change:
             return OK
         if self.lever is None:
             return REVIEW
-        if self.lever_result == "pass":
+        if self.lever_result in (PASS, NO_KERNEL_CHANGE):
             return COVERED
-        if self.lever_result == "fail":
+        if self.lever_result == FAIL:
             return FAILED
         return MISSING
 
@@ -287,8 +288,8 @@ def _repeats(arguments: Arguments, flag: str, side: str) -> list[str]:
 def component_test_results(candidate: Recipe, rules: Rules) -> dict[str, str]:
     """Lever -> result of the candidate's `correctness.component_tests` entries for it: an entry's
     `lever:` key names it, or else its `test:` title matches the lever's patterns. Only entries run
-    on the recipe's own GPU count (a CPU-tier entry is not evidence at the recipe's shape). A fail
-    among several entries for one lever wins over a pass."""
+    on the recipe's own GPU count (a CPU-tier entry is not evidence at the recipe's shape). Among
+    several entries for one lever the weakest evidence wins: fail, then incomplete, then the rest."""
     entries = candidate.field("correctness.component_tests")
     if not isinstance(entries, list):
         raise RecipeError(f"recipe {candidate.id}: field correctness.component_tests must be a list")
@@ -309,7 +310,8 @@ def component_test_results(candidate: Recipe, rules: Rules) -> dict[str, str]:
             levers = [name for name, lever in rules.levers.items() if lever.matches(title)]
         for lever in levers:
             found.setdefault(lever, []).append(result)
-    return {lever: next((r for r in ("fail", "pass") if r in results), results[0]) for lever, results in found.items()}
+    weakest = (FAIL, INCOMPLETE, PASS, NO_KERNEL_CHANGE)
+    return {lever: next((r for r in weakest if r in results), results[0]) for lever, results in found.items()}
 
 
 def _ordered_flags(candidate: Arguments, reference: Arguments) -> list[str]:

@@ -9,8 +9,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from correctness.provenance import gpu_type
+
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
-GPU_TYPES = ("H100", "H200", "B200", "B300", "GB200", "A100", "L40S", "MI300X", "MI325X", "MI355X")
 
 
 def count(n: int) -> str:
@@ -47,7 +48,14 @@ def ratio_range(ratios: Iterable[float]) -> str:
 
 
 def ran_cases(record: dict[str, Any]) -> list[dict[str, Any]]:
-    return [case for case in record["cases"] if case["status"] != "skip"]
+    """The cases that were judged (a case that failed with an error before its judgement is not)."""
+    return [case for case in record["cases"] if case["candidate"] is not None]
+
+
+def errors_sentence(record: dict[str, Any]) -> str:
+    """The cases that failed with an error before they could be judged, with the error."""
+    errored = [case for case in record["cases"] if case["status"] == "fail" and case["candidate"] is None]
+    return "; ".join(f"case {case['case_id']} failed: {case['failures'][0]}" for case in errored)
 
 
 def candidate_tensors(record: dict[str, Any], cases=None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -101,8 +109,7 @@ def gpu_label(record: dict[str, Any]) -> str:
     device = record["provenance"]["device"]
     if device["type"] != "cuda":
         return "CPU"
-    name = device.get("name") or "unknown GPU"
-    return next((gpu for gpu in GPU_TYPES if gpu in name.upper()), name)
+    return gpu_type(device.get("name")) or device.get("name") or "unknown GPU"
 
 
 def where_sentence(record: dict[str, Any]) -> str:
@@ -122,9 +129,14 @@ def where_sentence(record: dict[str, Any]) -> str:
 
 def generic_text(record: dict[str, Any]) -> dict[str, str]:
     cases = ran_cases(record)
+    shapes = sorted({c["shape"].get("id", c["case_id"]) for c in record["cases"]})
+    shape = f"{record['recipe']['model']}: {count(len(cases))} cases run, at " + "; ".join(shapes)
+    skipped = skipped_sentence(record)
+    note = where_sentence(record) + (f"; {skipped}" if skipped else "")
+    if not cases:  # every case failed before its judgement: the entry's detail is the errors
+        return {"shape": shape, "detail": "", "note": note}
     case, worst = worst_tensor(record)
     ratios = [t["ratio"] for _, t in candidate_tensors(record) if t["ratio"] is not None]
-    shapes = sorted({c["shape"].get("id", c["case_id"]) for c in record["cases"]})
     backends = sorted({c["candidate"]["run"]["backend"] for c in cases})
     detail = (
         f"{record['lever']['candidate']} ran as {', '.join(backends)}; its relative L2 error against FP64 is"
@@ -132,9 +144,4 @@ def generic_text(record: dict[str, Any]) -> dict[str, str]:
         f" in {case['case_id']}, {bound_sentence(worst, record['lever']['rule'])}); {determinism_sentence(record)};"
         f" {controls_sentence(record)}"
     )
-    skipped = skipped_sentence(record)
-    return {
-        "shape": f"{record['recipe']['model']}: {count(len(cases))} cases run, at " + "; ".join(shapes),
-        "detail": detail,
-        "note": where_sentence(record) + (f"; {skipped}" if skipped else ""),
-    }
+    return {"shape": shape, "detail": detail, "note": note}

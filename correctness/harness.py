@@ -1,10 +1,14 @@
 """Runs a declared lever: every path on a case's inputs, comparisons, verdict, record.
 
-For each case: the FP64 reference, the default, the candidate twice (both judged; bitwise
+For each case: the candidate first (a backend that refuses the case is found before anything
+else runs), the FP64 reference, the default, the candidate again (both runs judged; bitwise
 equality of the two is reported as determinism), the default again as a positive control (it must
 pass), and every applicable negative control (each must fail). A case with no applicable control
 fails: it would have no power. Streamed inputs run unit by unit, every path on each unit, so only
 one unit's outputs are alive at a time.
+
+A refusal (PathUnavailable) skips the case; any other exception, from making the inputs, a path
+or a comparison, fails it with the exception's message: a verdict is evidence or nothing.
 """
 
 import datetime
@@ -17,15 +21,19 @@ import torch
 
 from correctness.compare import OutputsAccumulator, bitwise_equal, outputs_baselines
 from correctness.errors import PathUnavailable
-from correctness.lever import Case, Lever, Path, PathOutput, Streamed
+from correctness.lever import Case, Lever, Path, PathOutput, Streamed, runs_backend
 from correctness.provenance import provenance
 from correctness.results import (
+    FAIL,
+    NO_KERNEL_CHANGE,
+    PASS,
+    SKIP,
     CaseResult,
     ControlResult,
     Judgement,
     LeverRecord,
     PathRun,
-    lever_verdict,
+    assess,
 )
 
 
@@ -34,12 +42,18 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _PathError(Exception):
+    """A path raised something other than a refusal: the case fails with this message."""
+
+
 @dataclass
 class _Runs:
-    """One path's runs over a case's units: what ran, and for how long in all."""
+    """One path's runs over a case's units (in its role: candidate, default, a control...): what
+    ran, and for how long in all."""
 
     path: Path
     device: torch.device
+    role: str
     seconds: float = 0.0
     backends: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
     details: dict[str, Any] = field(default_factory=dict)
@@ -47,8 +61,13 @@ class _Runs:
     def run(self, inputs: Any) -> PathOutput:
         _synchronize(self.device)
         start = time.perf_counter()
-        output = self.path.run(inputs)
-        _synchronize(self.device)
+        try:
+            output = self.path.run(inputs)
+            _synchronize(self.device)
+        except PathUnavailable:
+            raise
+        except Exception as error:
+            raise _PathError(f"{self.role} ({self.path.name}) raised {type(error).__name__}: {error}") from error
         self.seconds += time.perf_counter() - start
         self.backends[output.backend] = None
         for key, value in output.details.items():
@@ -85,15 +104,18 @@ def _identity(case: Case) -> dict[str, Any]:
         "variant": case.variant,
         "seed": case.seed,
         "shape": _shape_record(case.shape),
+        "required": case.required,
+        "expected_backend": case.expected_backend,
     }
 
 
-def _skipped(case: Case, reason: str, started: float) -> CaseResult:
+def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, error: str | None = None) -> CaseResult:
+    """A case that skipped (with the reason) or failed with an error before it could be judged."""
     return CaseResult(
         **_identity(case),
-        status="skip",
-        skip_reason=reason,
-        failures=(),
+        status=SKIP if error is None else FAIL,
+        skip_reason=skip_reason,
+        failures=() if error is None else (error,),
         reference=None,
         default=None,
         candidate=None,
@@ -122,28 +144,54 @@ def _judgement_failures(role: str, judgement: Judgement) -> list[str]:
     return failures
 
 
+def _kernel_failures(lever: Lever, case: Case, candidate: Judgement, default: PathRun) -> tuple[list[str], bool]:
+    """Failures of the recipe's backend claim and of an unchanged kernel, and whether the
+    candidate ran the default's own kernel (a kernel lever's "no kernel change")."""
+    failures = []
+    ran = candidate.run.backend
+    if case.expected_backend is not None and not runs_backend(ran, case.expected_backend):
+        failures.append(f"the recipe says {case.expected_backend} runs on this case; the candidate ran {ran}")
+    same_kernel = lever.compares_kernels and ran == default.backend
+    if same_kernel:
+        differ = [t.tensor for t in candidate.tensors if not t.bitwise_identical]
+        if differ:
+            failures.append(
+                f"candidate and default both ran {ran}, yet differ bitwise on {', '.join(differ)}:"
+                " the same kernel on the same inputs must give the same bits"
+            )
+    return failures, same_kernel
+
+
 def run_case(lever: Lever, case: Case) -> CaseResult:
-    """Run one case of a lever and decide it. Skips (status "skip") where the case or a path says so."""
+    """Run one case of a lever and decide it: "pass", "fail", "no kernel change", or "skip" where
+    the case or a backend refuses it."""
     started = time.perf_counter()
     if case.skip_reason:
-        return _skipped(case, case.skip_reason, started)
+        return _not_judged(case, started, skip_reason=case.skip_reason)
     device = torch.device(lever.device)
 
-    def judged(path: Path) -> _Judged:
-        return _Judged(runs=_Runs(path=path, device=device), comparisons=OutputsAccumulator(rule=lever.rule))
+    def judged(path: Path, role: str) -> _Judged:
+        return _Judged(runs=_Runs(path=path, device=device, role=role), comparisons=OutputsAccumulator(rule=lever.rule))
 
-    reference, default = _Runs(path=lever.reference, device=device), _Runs(path=lever.default, device=device)
-    candidate, repeat, default_repeat = judged(lever.candidate), judged(lever.candidate), judged(lever.default)
-    secondary = [judged(path) for path in lever.secondary_references]
+    reference = _Runs(path=lever.reference, device=device, role="reference")
+    default = _Runs(path=lever.default, device=device, role="default")
+    candidate, repeat = judged(lever.candidate, "candidate"), judged(lever.candidate, "candidate (repeat)")
+    default_repeat = judged(lever.default, "default (repeat)")
+    secondary = [judged(path, "secondary reference") for path in lever.secondary_references]
     applicable = {control.name: control.why_inapplicable(case) for control in lever.controls}
-    controls = {control.name: judged(control.path) for control in lever.controls if applicable[control.name] is None}
+    controls = {
+        control.name: judged(control.path, f"control '{control.name}'")
+        for control in lever.controls
+        if applicable[control.name] is None
+    }
     changed: dict[str, None] = {}
     try:
         inputs = case.make_inputs(device)
         for unit in inputs.units if isinstance(inputs, Streamed) else (inputs,):
+            first = candidate.runs.run(unit)  # first: a refusal costs nothing else
             reference_out, default_out = reference.run(unit), default.run(unit)
             shared = outputs_baselines(default_out.tensors, reference_out.tensors, candidate.comparisons.offsets())
-            first, second = candidate.runs.run(unit), repeat.runs.run(unit)
+            second = repeat.runs.run(unit)
             candidate.comparisons.add(first.tensors, default_out.tensors, reference_out.tensors, shared)
             repeat.comparisons.add(second.tensors, default_out.tensors, reference_out.tensors, shared)
             changed.update((n, None) for n in first.tensors if not bitwise_equal(first.tensors[n], second.tensors[n]))
@@ -154,7 +202,11 @@ def run_case(lever: Lever, case: Case) -> CaseResult:
             for other in (default_repeat, *controls.values()):
                 other.comparisons.add(other.runs.run(unit).tensors, default_out.tensors, reference_out.tensors, shared)
     except PathUnavailable as unavailable:
-        return _skipped(case, str(unavailable), started)
+        return _not_judged(case, started, skip_reason=str(unavailable))
+    except _PathError as error:
+        return _not_judged(case, started, error=str(error))
+    except Exception as error:  # making the inputs, or comparing the outputs
+        return _not_judged(case, started, error=f"{type(error).__name__}: {error}")
 
     control_results = tuple(
         ControlResult(
@@ -178,9 +230,11 @@ def run_case(lever: Lever, case: Case) -> CaseResult:
             )
     if all(control.judgement is None for control in control_results):
         failures.append("no negative control applies to this case, so it could not fail")
+    kernel_failures, same_kernel = _kernel_failures(lever, case, candidate_judgement, default.record())
+    failures += kernel_failures
     result = CaseResult(
         **_identity(case),
-        status="fail" if failures else "pass",
+        status=FAIL if failures else (NO_KERNEL_CHANGE if same_kernel else PASS),
         skip_reason=None,
         failures=tuple(failures),
         reference=reference.record(),
@@ -212,6 +266,8 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "reference": lever.reference.name,
         "controls": [control.name for control in lever.controls],
         "cases": [case.id for case in lever.cases],
+        "optional_cases": [case.id for case in lever.cases if not case.required],
+        "compares_kernels": lever.compares_kernels,
         "rule": {"factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason},
     }
 
@@ -222,10 +278,16 @@ def _now() -> str:
 
 def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, seconds: float) -> LeverRecord:
     cases = tuple(cases)
+    verdict, completeness = assess(
+        {case.case_id: case.status for case in cases},
+        [case.id for case in lever.cases],
+        {case.id for case in lever.cases if not case.required},
+    )
     return LeverRecord(
         lever=lever_summary(lever),
         recipe=lever.recipe,
-        verdict=lever_verdict(cases),
+        verdict=verdict,
+        completeness=completeness,
         cases=cases,
         provenance=provenance(torch.device(lever.device)),
         started=started,

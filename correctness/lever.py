@@ -18,14 +18,24 @@ from correctness.rule import DEFAULT_RULE, Rule
 
 @dataclass(frozen=True, kw_only=True)
 class PathOutput:
-    """What one run of a path produced, and what actually ran (backend and details)."""
+    """What one run of a path produced, and what actually ran: `backend` names it, optionally
+    followed by a detail in parentheses ("te-fused (F16_arbitrary_seqlen)"), and `details` holds
+    the rest."""
 
     tensors: Mapping[str, torch.Tensor]
     backend: str
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
+def runs_backend(backend: str, expected: str) -> bool:
+    """Whether a path's reported backend is `expected`, with or without its parenthesised detail."""
+    return backend == expected or backend.startswith(f"{expected} (")
+
+
 class Path(Protocol):
+    """Runs the computation under test on a case's inputs. Raises PathUnavailable only where the
+    backend refuses the case (a skip); any other exception fails the case with its message."""
+
     name: str
 
     def run(self, inputs: Any) -> PathOutput: ...
@@ -77,7 +87,13 @@ class Control:
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """One seeded set of inputs at one shape. `make_inputs(device)` builds them when the case runs
-    (the inputs themselves, or `Streamed` units of them)."""
+    (the inputs themselves, or `Streamed` units of them).
+
+    `required`: the tier's evidence needs this case; where it does not run (skipped, refused, or
+    not collected) the lever is `incomplete`. Optional cases (captured checkpoint inputs, given only
+    where a user has them) are listed when they skip and change no verdict.
+    `expected_backend`: the backend the recipe says the candidate runs on this case (as the path
+    names it, e.g. "te-fused"); a candidate that runs another fails the case, naming both."""
 
     id: str
     shape: Any  # a frozen dataclass describing the shape; recorded with the result
@@ -86,6 +102,8 @@ class Case:
     variant: str  # how the inputs were made: "model-like", "window-edge", "captured", ...
     make_inputs: Callable[[torch.device], Any]
     skip_reason: str | None = None
+    required: bool = True
+    expected_backend: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +147,10 @@ class Lever:
     secondary_references: tuple[Path, ...] = ()
     # Lever-specific figures computed from a finished case (e.g. errors pooled per device share).
     summarize: Callable[["CaseResult"], Mapping[str, Any]] | None = None
+    # The lever is a choice between kernels of one computation (an attention backend): a case on
+    # which the candidate ran the same backend as the default is "no kernel change", which must be
+    # bitwise identical to the default and is never counted as evidence for another kernel.
+    compares_kernels: bool = False
 
     def __post_init__(self):
         if self.rule != DEFAULT_RULE and not self.rule_reason:

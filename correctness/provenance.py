@@ -5,6 +5,7 @@ Optional libraries are looked up by their installed metadata, never imported her
 
 import importlib.metadata
 import platform
+import re
 import subprocess
 from functools import cache
 from pathlib import Path as FilePath
@@ -33,6 +34,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+GPU_TYPES = ("H100", "H200", "GH200", "B200", "B300", "GB200", "GB300", "A100", "L40S", "MI300X", "MI325X", "MI355X")
+
+
+def gpu_type(name: str | None) -> str | None:
+    """The GPU type in a device name, matched as a whole word: "NVIDIA H100 80GB HBM3" is an H100;
+    "NVIDIA GH200 480GB" is a GH200, not an H200. None where no known type is named."""
+    words = re.split(r"[^A-Z0-9]+", (name or "").upper())
+    return next((word for word in words if word in GPU_TYPES), None)
+
+
 def device_description(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():
         return {"type": "cuda", "name": None, "available": False}
@@ -42,6 +53,7 @@ def device_description(device: torch.device) -> dict[str, Any]:
         return {
             "type": "cuda",
             "name": properties.name,
+            "gpu_type": gpu_type(properties.name),
             "capability": f"{properties.major}.{properties.minor}",
             "memory_gb": round(properties.total_memory / 2**30, 1),
             "index": index,

@@ -30,6 +30,7 @@ import torch
 
 from correctness.harness import build_record, run_case
 from correctness.lever import Case, Lever, LeverOptions
+from correctness.provenance import gpu_type
 from correctness.report import case_report, verdict_table
 from correctness.recipes import load_recipe
 from correctness.results import CaseResult, merge_records, read_record, record_to_json, write_record
@@ -133,7 +134,7 @@ def _missing_hardware(item) -> str | None:
     for marker, model in GPU_MARKERS.items():
         if marker in names:
             found = torch.cuda.get_device_name()
-            if model not in found:
+            if gpu_type(found) != model:
                 return f"needs an NVIDIA {model} (the recipe's GPU); found {found}"
     if "te" in names:
         try:

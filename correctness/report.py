@@ -49,10 +49,15 @@ def verdict_table(record: dict[str, Any]) -> list[str]:
     header += [f"{name} err/bound" for name in control_names]
     rows = []
     skipped: dict[str, int] = {}
+    errors = []
     for case in record["cases"]:
-        if case["status"] == "skip":
-            rows.append([case["case_id"], "skip"] + [""] * (len(header) - 2))
-            skipped[case["skip_reason"] or ""] = skipped.get(case["skip_reason"] or "", 0) + 1
+        if case["candidate"] is None:  # skipped, or failed with an error before its judgement
+            rows.append([case["case_id"], case["status"] if case["required"] else f"{case['status']} (optional)"]
+                        + [""] * (len(header) - 2))
+            if case["status"] == "skip":
+                skipped[case["skip_reason"] or ""] = skipped.get(case["skip_reason"] or "", 0) + 1
+            else:
+                errors.append(f"  error in {case['case_id']}: {case['failures'][0]}")
             continue
         tensors = case["candidate"]["tensors"]
         bitwise = [t["bitwise_identical"] for t in tensors]
@@ -70,7 +75,20 @@ def verdict_table(record: dict[str, Any]) -> list[str]:
             + [_control_cell(case, name) for name in control_names]
         )
     lines += ["  " + line for line in format_table(header, rows)]
-    return lines + [f"  skipped ({count}): {reason}" for reason, count in skipped.items()]
+    lines += errors + [f"  skipped ({count}): {reason}" for reason, count in skipped.items()]
+    return lines + _completeness_lines(record)
+
+
+def _completeness_lines(record: dict[str, Any]) -> list[str]:
+    completeness = record["completeness"]
+    lines = []
+    if completeness["required_skipped"]:
+        lines.append(f"  INCOMPLETE: {len(completeness['required_skipped'])} required case(s) did not run:"
+                     f" {', '.join(completeness['required_skipped'])}")
+    if completeness["missing"]:
+        lines.append(f"  INCOMPLETE: {len(completeness['missing'])} declared case(s) not in this run"
+                     f" (deselected or interrupted): {', '.join(completeness['missing'])}")
+    return lines
 
 
 def case_report(lever_name: str, case: CaseResult) -> str:

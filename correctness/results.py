@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
@@ -18,7 +18,12 @@ from correctness.errors import CorrectnessError
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: verdicts `incomplete` and `no kernel change`, `completeness`, cases' `required`
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run
+NO_KERNEL_CHANGE = "no kernel change"  # the candidate ran the default's own kernel (bitwise identical)
+RAN = (PASS, NO_KERNEL_CHANGE)  # the case statuses of a case that ran and held
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,8 +76,10 @@ class CaseResult:
     variant: str
     seed: int | None
     shape: Mapping[str, Any]
-    status: str  # "pass", "fail" or "skip"
+    status: str  # "pass", "fail", "skip" or "no kernel change"
     skip_reason: str | None
+    required: bool  # whether the lever's evidence needs this case (see Case.required)
+    expected_backend: str | None  # what the recipe says the candidate runs here, where it says
     failures: tuple[str, ...]
     reference: PathRun | None
     default: PathRun | None
@@ -88,10 +95,22 @@ class CaseResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Completeness:
+    """How much of a lever's declared evidence a record holds."""
+
+    declared: int
+    ran: int
+    missing: tuple[str, ...]  # declared cases the record lacks (deselected, interrupted, another worker's)
+    required_skipped: tuple[str, ...]
+    optional_skipped: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class LeverRecord:
     lever: Mapping[str, Any]
     recipe: RecipeRef
-    verdict: str  # "pass", "fail", or "skip" where no case ran
+    verdict: str  # see lever_verdict
+    completeness: Completeness
     cases: tuple[CaseResult, ...]
     provenance: Mapping[str, Any]
     started: str
@@ -99,11 +118,34 @@ class LeverRecord:
     seconds: float
 
 
-def lever_verdict(cases: tuple[CaseResult, ...]) -> str:
-    statuses = {case.status for case in cases}
-    if "fail" in statuses:
-        return "fail"
-    return "pass" if "pass" in statuses else "skip"
+def assess(statuses: Mapping[str, str], declared: Sequence[str], optional: Collection[str]) -> tuple[str, Completeness]:
+    """A lever's verdict from its cases' statuses (case id -> status) and its declaration:
+    - "fail": a case failed (its candidate, a control, or an error);
+    - "skip": no case ran (every one refused or skipped);
+    - "incomplete": a required case skipped, or a declared case is not in the record;
+    - "no kernel change": every case that ran ran the default's own kernel;
+    - "pass": otherwise: every case that ran passed, and every required case ran."""
+    missing = tuple(case for case in declared if case not in statuses)
+    skipped = [case for case, status in statuses.items() if status == SKIP]
+    completeness = Completeness(
+        declared=len(declared),
+        ran=sum(status in RAN for status in statuses.values()),
+        missing=missing,
+        required_skipped=tuple(case for case in skipped if case not in optional),
+        optional_skipped=tuple(case for case in skipped if case in optional),
+    )
+    ran = {status for status in statuses.values() if status != SKIP}
+    if FAIL in ran:
+        verdict = FAIL
+    elif not ran:
+        verdict = SKIP
+    elif missing or completeness.required_skipped:
+        verdict = INCOMPLETE
+    elif ran == {NO_KERNEL_CHANGE}:
+        verdict = NO_KERNEL_CHANGE
+    else:
+        verdict = PASS
+    return verdict, completeness
 
 
 def _jsonable(value: Any) -> Any:
@@ -164,20 +206,27 @@ def merge_records(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
     first = parts[0]
     order = {case_id: index for index, case_id in enumerate(first["lever"]["cases"])}
     cases = sorted((case for part in parts for case in part["cases"]), key=lambda case: order[case["case_id"]])
-    statuses = {case["status"] for case in cases}
+    verdict, completeness = record_assessment({**first, "cases": cases})
     provenance = dict(first["provenance"])
     devices = [part["provenance"]["device"] for part in parts]
     if len(parts) > 1:
         provenance["workers"] = devices
     return {
         **first,
-        "verdict": "fail" if "fail" in statuses else ("pass" if "pass" in statuses else "skip"),
+        "verdict": verdict,
+        "completeness": _jsonable(completeness),
         "cases": cases,
         "provenance": provenance,
         "started": min(part["started"] for part in parts),
         "finished": max(part["finished"] for part in parts),
         "seconds": sum(part["seconds"] for part in parts),
     }
+
+
+def record_assessment(data: Mapping[str, Any]) -> tuple[str, Completeness]:
+    """assess() over a record in its JSON form: what its verdict and completeness must be."""
+    statuses = {case["case_id"]: case["status"] for case in data["cases"]}
+    return assess(statuses, data["lever"]["cases"], set(data["lever"]["optional_cases"]))
 
 
 def read_record(path: FilePath) -> dict[str, Any]:

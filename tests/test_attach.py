@@ -6,14 +6,18 @@ import json
 import os
 import shutil
 
-import pytest
+from dataclasses import dataclass
 
+import pytest
+import torch
+
+from correctness import Case, Control, Lever, Mutated, PathOutput, run_case
 from correctness.attach import ENTRY_FIELDS, attach, component_test_entry
 from correctness.attention import lever as attention
 from correctness.cli import main
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR, recipe_path
-from correctness.harness import run_lever
+from correctness.harness import build_record, run_lever
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
 from correctness.check import check_recipe
@@ -119,13 +123,16 @@ def test_an_empty_flow_list_becomes_a_block_list(records, tmp_path):
     ("edit", "message"),
     [
         (lambda data: data["recipe"].update(model="Another-Model"), "it is for Another-Model, not Gemma-4-31B"),
-        (lambda data: data["lever"].update(version=99), "version 99, this suite has 1"),
+        (lambda data: data["lever"].update(version=99), f"version 99, this suite has {offload.VERSION}"),
         (lambda data: data["recipe"].update(gpu="H200"), "it is for the H200 recipe .*, not an H100 one"),
         (lambda data: [case["shape"].update(tp_size=4) for case in data["cases"]], "shapes are for TP \\[4\\]"),
         (lambda data: data.update(verdict="fail"), "its verdict is fail but its cases say pass"),
         (lambda data: data["cases"][0]["controls"][0].update(fails_bound=False),
          "passes while its control 'no bias correction' passed"),
         (lambda data: [case.update(status="skip") for case in data["cases"]], "none of its cases ran"),
+        (lambda data: data["cases"].pop(), "it lacks one of the two cases its lever declares"),
+        (lambda data: data["cases"][0].update(status="no kernel change"),
+         "its verdict is pass but its cases say no kernel change"),
     ],
 )
 def test_a_record_that_cannot_be_attached_leaves_the_recipe_untouched(records, gemma_copy, tmp_path, edit, message):
@@ -135,6 +142,77 @@ def test_a_record_that_cannot_be_attached_leaves_the_recipe_untouched(records, g
         attach(gemma_copy, [records["attention-backend"], bad])
     assert gemma_copy.read_bytes() == before
     assert sorted(os.listdir(gemma_copy.parent)) == sorted(["gemma.yaml", bad.name])
+
+
+@dataclass(frozen=True)
+class Sum:
+    """Toy path: row sums of BF16 values accumulated in `dtype`."""
+
+    name: str
+    dtype: torch.dtype
+
+    def run(self, inputs):
+        return PathOutput(tensors={"sums": inputs.to(self.dtype).sum(-1).float()}, backend=self.name)
+
+
+def toy_case(seed, **changes):
+    def make_inputs(device):
+        return torch.rand(4, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+    return Case(**{"id": f"sums-seed{seed}", "shape": "4 x 64", "seed": seed, "source": "synthetic",
+                   "variant": "uniform", "make_inputs": make_inputs, **changes})
+
+
+def toy_record(tmp_path, cases, run=None):
+    """The record of a toy lever (generic wording) for the Gemma recipe, of the cases `run` (default all)."""
+    candidate = Sum("fp32 sums", torch.float32)
+    lever = Lever(
+        name="toy-sums", version=1, tier="cpu", description="toy sums", recipe=load_recipe(recipe_path(GEMMA)).ref,
+        device="cpu", cases=tuple(cases), candidate=candidate, default=Sum("bf16 sums", torch.bfloat16),
+        reference=Sum("fp64 sums", torch.float64),
+        controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
+    )
+    ran = [run_case(lever, case) for case in (lever.cases if run is None else run)]
+    return write_record(build_record(lever, ran, started="2026-12-01T00:00:00+00:00", seconds=1.0), tmp_path)
+
+
+def test_an_incomplete_record_is_attached_as_incomplete(gemma_copy, tmp_path):
+    path = toy_record(tmp_path, [toy_case(0), toy_case(1, skip_reason="the fused sum refuses 64 columns")])
+    (done,) = attach(gemma_copy, [path])
+    assert done.result == "incomplete"
+    entry = load_recipe(gemma_copy).field("correctness.component_tests")[-1]
+    assert entry["result"] == "incomplete"
+    assert "one case skipped: the fused sum refuses 64 columns" in entry["note"]
+
+
+def test_a_record_lacking_a_declared_case_is_refused(gemma_copy, tmp_path):
+    cases = [toy_case(0), toy_case(1)]
+    path = toy_record(tmp_path, cases, run=cases[:1])
+    before = gemma_copy.read_bytes()
+    with pytest.raises(CorrectnessError, match=r"it lacks one of the two cases its lever declares \(sums-seed1\)"):
+        attach(gemma_copy, [path])
+    assert gemma_copy.read_bytes() == before
+
+
+def test_a_case_that_failed_with_an_error_is_attached_as_a_failure_with_its_message(gemma_copy, tmp_path):
+    def corrupt(device):
+        raise CorrectnessError("checkpoint case layer-00.safetensors: header too large")
+
+    path = toy_record(tmp_path, [toy_case(0), toy_case(1, make_inputs=corrupt)])
+    (done,) = attach(gemma_copy, [path])
+    entry = load_recipe(gemma_copy).field("correctness.component_tests")[-1]
+    assert done.result == entry["result"] == "fail"
+    assert "case sums-seed1 failed: CorrectnessError: checkpoint case layer-00.safetensors: header too large" in entry["detail"]
+
+
+def test_a_record_whose_every_case_failed_with_an_error_is_worded_from_the_errors(gemma_copy, tmp_path):
+    def corrupt(device):
+        raise CorrectnessError("no such file")
+
+    path = toy_record(tmp_path, [toy_case(0, make_inputs=corrupt)])
+    attach(gemma_copy, [path])
+    entry = load_recipe(gemma_copy).field("correctness.component_tests")[-1]
+    assert entry["result"] == "fail" and entry["detail"] == "case sums-seed0 failed: CorrectnessError: no such file"
 
 
 def test_dry_run_writes_nothing(records, gemma_copy):

@@ -247,6 +247,27 @@ def test_a_failing_entry_wins_over_a_passing_one(tmp_path):
     assert classify_copy(path, NEMOTRON).lever_results == {"optimizer-offload": "fail"}
 
 
+@pytest.mark.parametrize("result, outcome, verdict", [
+    ("incomplete", "missing", "incomplete"),  # a required case did not run: not covered
+    ("no kernel change", "covered", "pass"),  # the reference's own kernel ran, bitwise identical
+])
+def test_incomplete_is_not_covered_and_no_kernel_change_is(tmp_path, result, outcome, verdict):
+    entries = [_entry("x", result, lever="optimizer-offload"),
+               _entry("eager attention over two packed rows (THD) against the same rows one at a time", "pass")]
+    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests(entries))
+    classified = classify_copy(path, NEMOTRON)
+    offload = changes_by_flag(classified)["--optimizer-offload-fraction"]
+    assert (offload.lever_result, offload.outcome, classified.verdict) == (result, outcome, verdict)
+
+
+def test_an_incomplete_entry_wins_over_a_passing_one_and_a_failing_one_over_both(tmp_path):
+    entries = [_entry("x", "pass", lever="optimizer-offload"), _entry("y", "incomplete", lever="optimizer-offload")]
+    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests(entries))
+    assert classify_copy(path, NEMOTRON).lever_results == {"optimizer-offload": "incomplete"}
+    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests(entries + [_entry("z", "fail", lever="optimizer-offload")]))
+    assert classify_copy(path, NEMOTRON).lever_results == {"optimizer-offload": "fail"}
+
+
 def test_gemma_prose_entries_match_by_title():
     recipe = load_recipe(recipe_path(GEMMA))
     rules = default_rules()

@@ -27,7 +27,8 @@ from correctness import (
     run_lever,
     write_record,
 )
-from correctness.results import FORMAT, FORMAT_VERSION, CaseResult, lever_verdict
+from correctness.harness import build_record
+from correctness.results import FORMAT, FORMAT_VERSION, CaseResult, assess
 from correctness.rule import DEFAULT_FACTOR
 
 RECIPE = RecipeRef(id="toy/cpu/running-sum", model="Toy", gpu="none", sha256="0" * 64)
@@ -263,7 +264,139 @@ def test_a_default_that_changes_between_calls_fails_the_positive_control():
     assert result.candidate.passes
 
 
-# run_lever and lever_verdict
+@dataclass(frozen=True)
+class Raises:
+    """A path that raises `error` (not a refusal): a kernel error, out-of-memory, an assertion."""
+
+    name: str
+    error: Exception
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        raise self.error
+
+
+@dataclass
+class Counted:
+    """`base`, counting its calls."""
+
+    base: Any
+    calls: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        self.calls += 1
+        return self.base.run(inputs)
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """`base`, reporting another backend name (as a path that ran another kernel would)."""
+
+    base: Any
+    backend: str
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        output = self.base.run(inputs)
+        return PathOutput(tensors=output.tensors, backend=self.backend, details=output.details)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("cuDNN Error: CUDNN_STATUS_EXECUTION_FAILED"), torch.OutOfMemoryError("CUDA out of memory"),
+     AssertionError("qkv_format not supported")],
+    ids=["kernel-error", "out-of-memory", "assertion"],
+)
+def test_an_error_that_is_not_a_refusal_fails_the_case_with_its_message(error):
+    result = run_case(toy_lever(candidate=Raises("fused sum", error)), toy_case(0))
+    assert result.status == "fail"
+    assert result.failures == (f"candidate (fused sum) raised {type(error).__name__}: {error}",)
+    assert result.candidate is None and result.skip_reason is None
+
+
+def test_an_error_in_a_control_names_the_control():
+    broken = Control(name="broken", path=Raises("broken sum", ValueError("bad shape")))
+    result = run_case(toy_lever(controls=(doubled_inputs_control(), broken)), toy_case(0))
+    assert result.status == "fail"
+    assert result.failures == ("control 'broken' (broken sum) raised ValueError: bad shape",)
+
+
+def test_an_error_making_the_inputs_fails_the_case_and_the_lever():
+    def corrupt(device: torch.device) -> torch.Tensor:
+        raise CorrectnessError("checkpoint case layer-00.safetensors: header is not JSON")
+
+    lever = toy_lever(cases=(toy_case(0), toy_case(1, make_inputs=corrupt)))
+    record = run_lever(lever)
+    failed = record.cases[1]
+    assert failed.status == "fail"
+    assert failed.failures == ("CorrectnessError: checkpoint case layer-00.safetensors: header is not JSON",)
+    assert record.verdict == "fail"
+
+
+def test_a_refusing_candidate_is_found_before_the_reference_and_the_default_run():
+    reference, default = Counted(REFERENCE), Counted(DEFAULT)
+    lever = toy_lever(candidate=Unavailable("fused sum", "no kernel"), reference=reference, default=default)
+    assert run_case(lever, toy_case(0)).status == "skip"
+    assert (reference.calls, default.calls) == (0, 0)
+
+
+def test_a_candidate_running_another_backend_than_the_recipe_says_fails_naming_both():
+    case = toy_case(0, expected_backend="running-sum-fused")
+    result = run_case(toy_lever(), case)
+    assert result.status == "fail"
+    assert result.failures == (
+        "the recipe says running-sum-fused runs on this case; the candidate ran running-sum-float32",
+    )
+    assert result.expected_backend == "running-sum-fused"
+    assert run_case(toy_lever(), toy_case(0, expected_backend="running-sum-float32")).status == "pass"
+    detailed = toy_lever(candidate=Renamed(CANDIDATE, "running-sum-fused (sub-backend 1)"))
+    assert run_case(detailed, case).status == "pass"  # the detail in parentheses is not part of the name
+
+
+def test_a_kernel_lever_whose_candidate_ran_the_defaults_kernel_is_no_kernel_change():
+    same = Renamed(DEFAULT, "running-sum-bfloat16")  # the default's own kernel, under the candidate's role
+    lever = toy_lever(candidate=same, controls=(doubled_inputs_control(same),), compares_kernels=True)
+    result = run_case(lever, toy_case(0))
+    assert result.status == "no kernel change" and result.failures == ()
+    assert all(t.bitwise_identical for t in result.candidate.tensors)
+    assert run_lever(lever).verdict == "no kernel change"
+    assert run_case(replace(lever, compares_kernels=False), toy_case(0)).status == "pass"
+
+
+def test_the_same_kernel_giving_other_bits_fails():
+    nudged = Renamed(TotalOneUlpUp(DEFAULT), "running-sum-bfloat16")
+    lever = toy_lever(candidate=nudged, controls=(doubled_inputs_control(nudged),), compares_kernels=True)
+    result = run_case(lever, toy_case(0))
+    assert result.status == "fail"
+    assert result.failures == (
+        "candidate and default both ran running-sum-bfloat16, yet differ bitwise on total:"
+        " the same kernel on the same inputs must give the same bits",
+    )
+
+
+def test_a_record_lacking_a_declared_case_is_incomplete_and_says_which():
+    lever = toy_lever()
+    record = build_record(lever, [run_case(lever, lever.cases[0])], started="2026-01-01T00:00:00+00:00", seconds=1.0)
+    assert record.verdict == "incomplete"
+    assert record.completeness.missing == (lever.cases[1].id,)
+
+
+def test_an_optional_case_that_skips_leaves_the_verdict_alone_and_a_required_one_does_not():
+    optional = toy_case(1, skip_reason="no captured inputs given", required=False)
+    assert run_lever(toy_lever(cases=(toy_case(0), optional))).verdict == "pass"
+    required = toy_case(1, skip_reason="backend refused", required=True)
+    record = run_lever(toy_lever(cases=(toy_case(0), required)))
+    assert record.verdict == "incomplete"
+    assert record.completeness.required_skipped == (required.id,)
+
+
+# run_lever and the lever verdict
 
 
 def test_run_lever_records_every_case_and_the_declaration():
@@ -283,28 +416,33 @@ def test_run_lever_fails_when_any_case_fails():
     assert run_lever(lever).verdict == "fail"
 
 
-def case_result(status: str) -> CaseResult:
-    return CaseResult(
-        case_id=f"toy-{status}", source="synthetic", variant="uniform", seed=0, shape={}, status=status,
-        skip_reason="skipped" if status == "skip" else None, failures=("failed",) if status == "fail" else (),
-        reference=None, default=None, candidate=None, candidate_repeat=None, deterministic=None,
-        nondeterministic_tensors=(), default_repeat=None, controls=(), secondary=(), summary={}, seconds=0.0,
-    )
-
-
 @pytest.mark.parametrize(
-    ("statuses", "verdict"),
+    ("statuses", "optional", "verdict"),
     [
-        (("pass", "pass"), "pass"),
-        (("pass", "fail", "pass"), "fail"),
-        (("skip", "fail"), "fail"),
-        (("skip", "pass"), "pass"),
-        (("skip", "skip"), "skip"),
-        ((), "skip"),
+        ({"a": "pass", "b": "pass"}, (), "pass"),
+        ({"a": "pass", "b": "fail"}, (), "fail"),
+        ({"a": "skip", "b": "fail"}, (), "fail"),
+        ({"a": "skip", "b": "pass"}, (), "incomplete"),  # a required case skipped
+        ({"a": "skip", "b": "pass"}, ("a",), "pass"),  # an optional one
+        ({"a": "skip", "b": "skip"}, (), "skip"),
+        ({"a": "pass"}, (), "incomplete"),  # b declared, not in the record
+        ({"a": "pass"}, ("b",), "incomplete"),  # optional or not, a case missing from the record
+        ({"a": "no kernel change", "b": "no kernel change"}, (), "no kernel change"),
+        ({"a": "no kernel change", "b": "pass"}, (), "pass"),
+        ({"a": "no kernel change", "b": "skip"}, (), "incomplete"),
+        ({}, (), "skip"),
     ],
 )
-def test_lever_verdict(statuses, verdict):
-    assert lever_verdict(tuple(case_result(status) for status in statuses)) == verdict
+def test_the_lever_verdict(statuses, optional, verdict):
+    assert assess(statuses, declared=("a", "b"), optional=optional)[0] == verdict
+
+
+def test_completeness_names_the_missing_and_the_skipped_cases():
+    verdict, completeness = assess({"a": "pass", "b": "skip", "c": "skip"}, declared=("a", "b", "c", "d"), optional={"c"})
+    assert verdict == "incomplete"
+    assert completeness.missing == ("d",)
+    assert completeness.required_skipped == ("b",) and completeness.optional_skipped == ("c",)
+    assert (completeness.declared, completeness.ran) == (4, 1)
 
 
 # Lever declarations
@@ -401,8 +539,8 @@ def test_a_failed_write_keeps_the_old_record_and_leaves_no_temporary_file(tmp_pa
     [
         (b'{"hello": "world"}', "not a correctness.lever-record file"),
         (b'["correctness.lever-record"]', "not a correctness.lever-record file"),
-        (b'{"format": "correctness.lever-record", "format_version": 2}', "format version 2, this suite reads 1"),
-        (b'{"format": "correctness.lever-record"}', "format version None, this suite reads 1"),
+        (b'{"format": "correctness.lever-record", "format_version": 1}', f"format version 1, this suite reads {FORMAT_VERSION}"),
+        (b'{"format": "correctness.lever-record"}', f"format version None, this suite reads {FORMAT_VERSION}"),
         (b'{"format": "correctness.lever-record", "format_vers', "cannot be read as JSON"),
         (b"\xff\xfe not text", "cannot be read as JSON"),
     ],

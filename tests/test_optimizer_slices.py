@@ -13,6 +13,7 @@ import math
 import re
 
 import pytest
+import safetensors
 import torch
 from safetensors.torch import save_file
 
@@ -400,8 +401,8 @@ class RecordingOpen:
 def test_only_the_slice_is_read(tiny, tmp_path, monkeypatch):
     tensors = full_tensors(tiny)
     folder = write_checkpoint(tmp_path / "ckpt", tensors)
-    recording = RecordingOpen(slices_module.safe_open)
-    monkeypatch.setattr(slices_module, "safe_open", recording)
+    recording = RecordingOpen(safetensors.safe_open)
+    monkeypatch.setattr(safetensors, "safe_open", recording)  # what slices imports when it reads
     for param in param_slices(tiny, tp=2, tp_rank=1, layers=LAYERS, embedding_rows=2):
         recording.reads.clear()
         load_slice(folder, param)

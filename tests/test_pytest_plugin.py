@@ -72,6 +72,16 @@ def one_bad_lever(options):
 
 def lever_with_a_skipped_case(options):
     return [toy_lever(GOOD, cases=(toy_case(0), toy_case(1, skip_reason="no captured inputs here")))]
+
+
+def corrupt_inputs(device):
+    raise ValueError("layer-00.safetensors: header too large")
+
+
+def lever_with_a_corrupt_case(options):
+    broken = Case(id="sum-corrupt", shape="4 rows of 64", seed=0, source="checkpoint", variant="captured",
+                  make_inputs=corrupt_inputs, required=False)
+    return [toy_lever(GOOD, cases=(toy_case(0), broken))]
 '''
 
 
@@ -181,6 +191,33 @@ def test_a_skipped_case_skips_with_its_reason_and_is_recorded(pytester):
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *: no captured inputs here"])
     record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
     assert [case["status"] for case in record["cases"]] == ["pass", "skip"]
+
+
+def test_a_case_that_raises_is_a_failed_case_in_the_record_and_the_lever_fails(pytester):
+    toy_project(pytester, lever_test("lever_with_a_corrupt_case"))
+    records = pytester.path / "records"
+    result = run(pytester, "--results-dir", str(records))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] fp64 vs fp32 · recipe toy/cpu/sum · FAIL",
+                                 "  error in sum-corrupt: ValueError: layer-00.safetensors: header too large"])
+    record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
+    assert record["verdict"] == "fail"
+    assert [(case["case_id"], case["status"]) for case in record["cases"]] == [("sum-n64-seed0", "pass"),
+                                                                             ("sum-corrupt", "fail")]
+    assert record["cases"][1]["failures"] == ["ValueError: layer-00.safetensors: header too large"]
+
+
+def test_a_run_of_some_cases_only_is_incomplete(pytester):
+    toy_project(pytester, lever_test("one_good_lever"))
+    records = pytester.path / "records"
+    result = run(pytester, "--results-dir", str(records), "-k", "seed0")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*toy-sum [[]cpu[]] fp64 vs fp32 · recipe toy/cpu/sum · INCOMPLETE",
+        "  INCOMPLETE: 1 declared case(s) not in this run (deselected or interrupted): sum-n64-seed1",
+    ])
+    record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
+    assert record["verdict"] == "incomplete" and record["completeness"]["missing"] == ["sum-n64-seed1"]
 
 
 HARDWARE_TESTS = """

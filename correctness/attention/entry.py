@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from correctness.results import NO_KERNEL_CHANGE
+
 from correctness.entries import (
     and_list,
     bound_sentence,
@@ -71,6 +73,10 @@ def entry_text(record: dict[str, Any]) -> dict[str, str]:
         cases = [case for case in ran_cases(record) if case["shape"]["layer_kind"] == kind]
         tensors = [t for _, t in candidate_tensors(record, cases)]
         backends = " and ".join(sorted({case["candidate"]["run"]["backend"] for case in cases}))
+        if all(case["status"] == NO_KERNEL_CHANGE for case in cases):
+            parts.append(f"on the {_kind_phrase(kind)} {backends} runs, the default's own kernel: no kernel change,"
+                         " bitwise identical to the default")
+            continue
         if all(t["bitwise_identical"] for t in tensors):
             parts.append(f"on the {_kind_phrase(kind)} {backends} runs, bitwise identical to the default")
             continue

@@ -7,15 +7,21 @@ Tiers, each a Lever of its own:
 - the recipe's GPU ("h100"): recipe scale; TE's auto backend against TE's forced unfused backend.
 
 Cases: two seeded model-like synthetic cases per layer kind, one window-edge case per windowed
-kind, and four captured checkpoint cases (the first and last layer of each kind), which skip
-without a folder of captures (made by `correctness capture-attention`). Negative controls: the
-candidate with a window one key too wide, and with the softmax scale 1/sqrt(head_dim) where the
-model uses another (Gemma: 1.0).
+kind (all required), and four captured checkpoint cases (the first and last layer of each kind),
+optional: they skip without a folder of captures (made by `correctness capture-attention`).
+Negative controls: the candidate with a window one key too wide, and with the softmax scale
+1/sqrt(head_dim) where the model uses another (Gemma: 1.0).
+
+On the recipe's GPU each case expects the TE backend the recipe says runs on its layer kind
+(correctness/attention/claims.py); where TE's auto choice is the default's own unfused kernel the
+case is "no kernel change" (bitwise identical), never evidence for a fused kernel.
 """
 
 import math
+from collections.abc import Mapping
 from pathlib import Path as FilePath
 
+from correctness.attention.claims import expected_te_backends
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, synthetic_inputs
 from correctness.attention.reference import Fp64Reference
@@ -27,14 +33,14 @@ from correctness.recipes import Recipe, lever_recipe
 from correctness.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
 
 NAME = "attention-backend"
-VERSION = 1
+VERSION = 2  # 2: the recipe's backend claim per layer kind, "no kernel change", optional checkpoint cases
 SYNTHETIC_SEEDS = (0, 1)
 WINDOW_EDGE_SEED = 0
 CHECKPOINT_GRAD_SEED = 0
 GPU_SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 
 
-def synthetic_case(shape: AttentionShape, seed: int, variant: str) -> Case:
+def synthetic_case(shape: AttentionShape, seed: int, variant: str, expected_backend: str | None = None) -> Case:
     suffix = "" if variant == "model-like" else f"-{variant}"
     return Case(
         id=f"{shape.id}{suffix}-seed{seed}",
@@ -43,6 +49,7 @@ def synthetic_case(shape: AttentionShape, seed: int, variant: str) -> Case:
         source="synthetic",
         variant=variant,
         make_inputs=lambda device: synthetic_inputs(shape, seed, device, variant),
+        expected_backend=expected_backend,
     )
 
 
@@ -53,7 +60,8 @@ def checkpoint_layers(model: ModelFacts, kind: str) -> tuple[int, ...]:
 
 
 def checkpoint_case(
-    shape: AttentionShape, layer: int, folder: FilePath | None, recipe_groups: int | None = None
+    shape: AttentionShape, layer: int, folder: FilePath | None, recipe_groups: int | None = None,
+    expected_backend: str | None = None,
 ) -> Case:
     """A case on captured inputs (correctness capture-attention). `recipe_groups`: the key-value groups
     of the recipe-scale rank-local slice the capture holds (None: the shape's own, a recipe-scale shape)."""
@@ -70,21 +78,26 @@ def checkpoint_case(
         skip_reason=None
         if folder is not None
         else "no captured checkpoint inputs given (--checkpoint-cases DIR or CORRECTNESS_CHECKPOINT_CASES)",
+        required=False,
+        expected_backend=expected_backend,
     )
 
 
-def attention_cases(recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions) -> tuple[Case, ...]:
+def attention_cases(
+    recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions, expected: Mapping[str, str]
+) -> tuple[Case, ...]:
+    """`expected`: layer kind -> the backend the candidate must run there (empty: no claim)."""
     cases = []
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
-        cases += [synthetic_case(shape, seed, "model-like") for seed in SYNTHETIC_SEEDS]
+        cases += [synthetic_case(shape, seed, "model-like", expected.get(kind)) for seed in SYNTHETIC_SEEDS]
         if shape.window is not None:
-            cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge"))
+            cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge", expected.get(kind)))
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
         recipe_groups = model.attention_kind(kind).kv_heads // recipe.tp
         cases += [
-            checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups)
+            checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups, expected.get(kind))
             for layer in checkpoint_layers(model, kind)
         ]
     return tuple(cases)
@@ -139,8 +152,11 @@ def controls(candidate: Path) -> tuple[Control, ...]:
 
 def attention_backend_lever(
     *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Path, default: Path, options: LeverOptions,
-    description: str,
+    description: str, claims: bool = False,
 ) -> Lever:
+    """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
+    model = load_model(recipe.model)
+    expected = expected_te_backends(recipe, model) if claims else {}
     return Lever(
         name=NAME,
         version=VERSION,
@@ -148,11 +164,12 @@ def attention_backend_lever(
         description=description,
         recipe=recipe.ref,
         device=device,
-        cases=attention_cases(recipe, load_model(recipe.model), scale, options),
+        cases=attention_cases(recipe, model, scale, options, expected),
         candidate=candidate,
         default=default,
         reference=Fp64Reference(),
         controls=controls(candidate),
+        compares_kernels=True,
     )
 
 
@@ -189,5 +206,6 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
             recipe=recipe, tier=recipe.gpu.lower(), scale=RECIPE_SCALE, device="cuda",
             candidate=TransformerEngine("auto"), default=TransformerEngine("unfused"), options=options,
             description="TE's auto attention backend against its unfused attention and an FP64 reference",
+            claims=True,
         )
     ]

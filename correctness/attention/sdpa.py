@@ -1,7 +1,8 @@
 """torch.nn.functional.scaled_dot_product_attention with one backend forced.
 
-Only the forced backend is enabled, so a call either runs it or fails; a refusal makes the path
-unavailable for the case (PathUnavailable, with torch's reasons). On the CPU "flash" is torch's
+Only the forced backend is enabled, so a call either runs it or fails. Only torch's refusal (CUDA:
+"No available kernel", CPU: "No viable backend", with the reasons as warnings) makes the path
+unavailable for the case (PathUnavailable); out-of-memory and any other kernel error fail it. On the CPU "flash" is torch's
 flash-attention CPU kernel. Windows and THD rows are given as a boolean mask; plain causal BSHD
 uses is_causal. GQA is native (enable_gqa) where the backend takes it, else K and V are repeated.
 """
@@ -17,6 +18,19 @@ from correctness.attention.inputs import AttentionInputs
 from correctness.attention.masks import from_heads_first, to_heads_first, visible_keys
 from correctness.errors import PathUnavailable
 from correctness.lever import PathOutput
+
+# torch's messages when no enabled backend takes the inputs (aten sdp_utils: CUDA, then CPU)
+REFUSALS = ("No available kernel", "No viable backend for scaled_dot_product_attention")
+
+
+def refusal(error: BaseException) -> bool:
+    """Whether an exception of SDPA is its refusal of every enabled backend for these inputs."""
+    return (
+        isinstance(error, RuntimeError)
+        and not isinstance(error, torch.OutOfMemoryError)
+        and str(error).startswith(REFUSALS)
+    )
+
 
 BACKENDS = {
     "math": SDPBackend.MATH,
@@ -72,6 +86,8 @@ class Sdpa:
                 try:
                     out = self._attend(inputs, q, k, v, gqa_native)
                 except RuntimeError as error:
+                    if not refusal(error):
+                        raise
                     reasons = "; ".join(str(w.message) for w in caught) or str(error)
                     refusals.append(f"{'enable_gqa' if gqa_native else 'repeated K/V'}: {reasons}")
                     continue

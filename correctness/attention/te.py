@@ -5,6 +5,10 @@ path unavailable (the case skips with TE's own reason). Backends are forced with
 NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN, set only around the call and restored
 after it; TE caches its choice in `_attention_backends`, so the cache is told to re-select before
 and after. Which backend actually ran is read back from that cache. Needs TE 2.3 or newer.
+
+A refusal is only TE's own "no backend for this configuration" signal (TE 2.17: the ValueError
+DotProductAttention raises when backend selection finds none, dot_product_attention.py 1699-1704);
+a cuDNN error, out-of-memory, an assertion or a forced backend that did not run fails the case.
 """
 
 import contextlib
@@ -16,7 +20,7 @@ from typing import Any
 import torch
 
 from correctness.attention.inputs import AttentionInputs
-from correctness.errors import PathUnavailable
+from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.lever import PathOutput
 
 SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
@@ -26,7 +30,20 @@ FORCED = {
     "fused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"},
     "unfused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"},
 }
-FUSED_SUB_BACKENDS = {0: "F16_max512_seqlen", 1: "F16_arbitrary_seqlen", 2: "FP8"}
+# NVTE_Fused_Attn_Backend in TE 2.17 (common/include/transformer_engine/fused_attn.h 156-163); 0 was
+# F16_max512_seqlen before 2.x dropped it. The enum's own name is used where TE hands one over.
+FUSED_SUB_BACKENDS = {-1: "No_Backend", 1: "F16_arbitrary_seqlen", 2: "FP8"}
+NO_BACKEND = "No dot product attention backend is available"
+
+
+def te_backend_name(backend: str) -> str:
+    """How this path names a TE backend it ran: "te-fused", "te-unfused", "te-flash"."""
+    return f"te-{backend}"
+
+
+def refusal(error: BaseException) -> bool:
+    """Whether an exception of TE's forward is its refusal of the configuration."""
+    return isinstance(error, ValueError) and str(error).startswith(NO_BACKEND)
 
 
 def import_transformer_engine() -> tuple[Any, Mapping[str, Any]]:
@@ -41,8 +58,17 @@ def import_transformer_engine() -> tuple[Any, Mapping[str, Any]]:
     return te, _attention_backends
 
 
+def _installed_version(utils: Any, installed: str, version: str) -> str | None:
+    """A FlashAttention version as TE sees it: None where it is not installed (TE says "0")."""
+    value = getattr(utils, version, None)
+    if not getattr(utils, installed, False) or value is None or str(value) == "0":
+        return None
+    return str(value)
+
+
 def te_versions() -> dict[str, Any]:
-    """TE's version, the cuDNN it loaded and the flash-attn it sees (None where this TE cannot say)."""
+    """TE's version, the cuDNN it loaded and the FlashAttention 2, 3 and 4 it sees (None where
+    absent or where this TE cannot say)."""
     import transformer_engine
 
     versions: dict[str, Any] = {"transformer_engine": transformer_engine.__version__, "torch": torch.__version__}
@@ -53,12 +79,24 @@ def te_versions() -> dict[str, Any]:
     except (ImportError, AttributeError):
         versions["cudnn_runtime"] = None
     try:
-        from transformer_engine.pytorch.attention.dot_product_attention.utils import FlashAttentionUtils
-
-        versions["flash_attn"] = str(FlashAttentionUtils.version)
+        from transformer_engine.pytorch.attention.dot_product_attention.utils import FlashAttentionUtils as utils
     except (ImportError, AttributeError):
-        versions["flash_attn"] = None
+        utils = None
+    versions["flash_attn"] = _installed_version(utils, "is_installed", "version")
+    versions["flash_attn_3"] = _installed_version(utils, "v3_is_installed", "fa3_version")
+    versions["flash_attn_4"] = _installed_version(utils, "v4_is_installed", "fa4_version")
     return versions
+
+
+def fused_sub_backend(value: Any) -> str:
+    """The name of TE's fused-attention sub-backend from the value its cache holds."""
+    if value is None:
+        return "unknown"
+    name = getattr(value, "name", None)  # TE's NVTE_Fused_Attn_Backend enum
+    if isinstance(name, str):
+        return name.removeprefix("NVTE_")
+    number = int(value)
+    return FUSED_SUB_BACKENDS.get(number, str(number))
 
 
 @contextlib.contextmanager
@@ -79,9 +117,7 @@ def backend_switches(values: Mapping[str, str], cache: dict) -> Iterator[None]:
 
 def backend_that_ran(cache: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if cache.get("use_fused_attention"):
-        sub = cache.get("fused_attention_backend")
-        sub_name = FUSED_SUB_BACKENDS.get(int(sub), str(sub)) if sub is not None else "unknown"
-        return "fused", {"fused_attention_backend": sub_name}
+        return "fused", {"fused_attention_backend": fused_sub_backend(cache.get("fused_attention_backend"))}
     if cache.get("use_flash_attention"):
         return "flash", {"flash_attention_backend": str(cache.get("flash_attention_backend"))}
     if cache.get("use_unfused_attention"):
@@ -99,7 +135,7 @@ class TransformerEngine:
 
     @property
     def name(self) -> str:
-        return f"te-{self.backend}"
+        return te_backend_name(self.backend)
 
     def run(self, inputs: AttentionInputs) -> PathOutput:
         te, cache = import_transformer_engine()
@@ -131,16 +167,23 @@ class TransformerEngine:
         with backend_switches(FORCED[self.backend], cache):
             try:
                 out = module(q, k, v, qkv_format=shape.qkv_format, attn_mask_type=mask_type, window_size=window, **packing)
-            except Exception as error:  # TE asserts or raises when no backend supports the case
-                raise PathUnavailable(f"TE {self.backend} refuses {shape.id}: {type(error).__name__}: {error}") from None
+            except Exception as error:
+                if refusal(error):
+                    raise PathUnavailable(f"TE {self.backend} refuses {shape.id}: {error}") from None
+                raise
             ran, sub = backend_that_ran(cache)
+            if out.numel() != inputs.grad_out.numel():  # TE returns [b, s, h * d] for BSHD
+                raise CorrectnessError(
+                    f"TE {self.backend} returned an output of shape {list(out.shape)} for {shape.id},"
+                    f" expected {list(inputs.grad_out.shape)}"
+                )
             out = out.reshape(inputs.grad_out.shape)
             out.backward(inputs.grad_out)
         if self.backend != "auto" and ran != self.backend:
-            raise PathUnavailable(f"TE was forced to {self.backend} but ran {ran} on {shape.id}")
+            raise CorrectnessError(f"TE was forced to {self.backend} but ran {ran} on {shape.id}")
         return PathOutput(
             tensors={"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad},
-            backend=f"te-{ran}" + (f" ({sub['fused_attention_backend']})" if ran == "fused" else ""),
+            backend=te_backend_name(ran) + (f" ({sub['fused_attention_backend']})" if ran == "fused" else ""),
             details={"requested": self.backend, "ran": ran, **sub, "mask_type": mask_type,
                      "window_size": list(window), **te_versions()},
         )
