@@ -36,6 +36,13 @@ def test_offload_with_megatron_hybrid_optimizer(lever, case, lever_check):
     lever_check(lever, case)
 
 
+@pytest.mark.megatron
+@pytest.mark.levers(factory=both_recipes(offload.megatron_cpu_tier))
+def test_offload_with_megatron_hybrid_optimizer_on_cpu(lever, case, lever_check):
+    """Megatron's own HybridDeviceOptimizer makes the split and steps both shares, on the CPU."""
+    lever_check(lever, case)
+
+
 @pytest.mark.levers(factory=both_recipes(offload.cpu_tier))
 def test_offload_fraction_cpu(lever, case, lever_check):
     lever_check(lever, case)

@@ -40,6 +40,17 @@ def test_a_failed_convergence_fails_the_check(tmp_path):
     assert {f.part: f.status for f in result.findings}["convergence"] == "fail"
 
 
+@pytest.mark.parametrize(("result", "status"), [("incomplete", "incomplete"), ("no kernel change", "pass")])
+def test_an_incomplete_component_test_is_not_covered(tmp_path, result, status):
+    document = load_document(recipe_path(GEMMA))
+    document["correctness"]["component_tests"][0]["result"] = result  # the attention-backend entry
+    path = tmp_path / GEMMA.replace("/", "-")
+    write_recipe(path, document)
+    checked = check_recipe(path, reference=recipe_path(GEMMA).parents[3] / "references" / f"{GEMMA}.yaml")
+    assert {f.part: f.status for f in checked.findings}["component test attention-backend"] == status
+    assert checked.verdict == status
+
+
 def test_check_json_and_bad_input(tmp_path, capsys):
     assert main(["check", str(recipe_path(GEMMA)), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
@@ -59,7 +70,8 @@ def run_cli(*args, cwd):
 def test_run_writes_one_record_per_lever(tmp_path, workers):
     results = tmp_path / "results"
     finished = run_cli("run", str(recipe_path(GEMMA)), "--tier", "cpu", "--results-dir", str(results),
-                       "--workers", str(workers), "--", "-k", "offload", "-p", "no:cacheprovider", cwd=tmp_path)
+                       "--workers", str(workers), "--", "-k", "offload_fraction_cpu", "-p", "no:cacheprovider",
+                       cwd=tmp_path)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "lever verdicts" in finished.stdout
     (record,) = results.rglob("*.json")
@@ -67,6 +79,17 @@ def test_run_writes_one_record_per_lever(tmp_path, workers):
     assert data["verdict"] == "pass"
     assert [case["case_id"] for case in data["cases"]] == data["lever"]["cases"]
     assert not (results / ".parts").exists() or not any((results / ".parts").iterdir())
+
+
+def test_the_cpu_tier_includes_megatrons_optimizer_on_the_cpu_and_no_gpu_tier(tmp_path):
+    finished = run_cli("run", str(recipe_path(GEMMA)), "--tier", "cpu", "--", "--collect-only", "-q",
+                       "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    collected = finished.stdout
+    assert "test_offload_with_megatron_hybrid_optimizer_on_cpu[" in collected
+    assert "test_offload_fraction_cpu[" in collected
+    assert "test_offload_with_megatron_hybrid_optimizer[" not in collected
+    assert "test_te_auto_against_te_unfused" not in collected and "test_sdpa_fused_against_eager_unfused" not in collected
 
 
 def test_run_selects_nothing_for_a_recipe_no_lever_is_declared_for(tmp_path):

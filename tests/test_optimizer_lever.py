@@ -20,7 +20,7 @@ from correctness.optimizer.inputs import (
     raw_gradient,
     row_blocks,
 )
-from correctness.optimizer.megatron import AllUnits, WholeInventory
+from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
 from correctness.optimizer.paths import (
     QUANTITIES,
     EagerAdamW,
@@ -215,9 +215,52 @@ def test_all_units_joins_a_per_unit_path_over_the_whole_inventory():
     assert set(joined) == {f"{p.name}:{q}" for p in smoke_slices() for q in QUANTITIES}
 
 
-def test_megatron_tier_declares_real_optimizer_controls_and_skips_here():
+def test_every_tier_is_the_same_lever_with_its_own_candidate():
+    options = LeverOptions()
+    tiers = {
+        "cpu": offload.cpu_tier(GEMMA, options),
+        "h100": offload.recipe_gpu_tier(GEMMA, options),
+        "megatron": offload.megatron_tier(GEMMA, options),
+        "megatron-cpu": offload.megatron_cpu_tier(GEMMA, options),
+    }
+    devices = {"cpu": "cpu", "h100": "cuda", "megatron": "cuda", "megatron-cpu": "cpu"}
+    for tier, (lever,) in tiers.items():
+        assert (lever.tier, lever.device) == (tier, devices[tier])
+        assert [control.name for control in lever.controls] == ["no bias correction", "BF16 masters", "no clipping"]
+        assert lever.default.name == "torch-adamw-fused" and lever.reference.name == "fp64-adamw"
+    for tier, device in (("megatron", "cuda"), ("megatron-cpu", "cpu")):
+        (lever,) = tiers[tier]
+        assert lever.candidate == MegatronHybrid(0.8, device=device)
+        assert [c.path for c in lever.controls[:2]] == [
+            MegatronHybrid(0.8, bias_correction=False, device=device),
+            MegatronHybrid(0.8, fp32_masters=False, device=device),
+        ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the tier may run")
+def test_megatron_gpu_tier_skips_here_with_the_reason():
     (lever,) = offload.megatron_tier(GEMMA, LeverOptions())
-    assert [control.name for control in lever.controls] == ["no bias correction", "BF16 masters", "no clipping"]
     case = next(c for c in lever.cases if c.source == "synthetic")
     result = run_case(lever, case)
-    assert result.status == "skip" and ("megatron-core" in result.skip_reason or "CUDA" in result.skip_reason)
+    assert result.status == "skip"
+    assert any(word in result.skip_reason for word in ("megatron-core", "Transformer Engine", "CUDA"))
+
+
+def test_weight_decay_defaults_to_megatrons(tmp_path):
+    """Megatron's --weight-decay default is 0.01 (megatron/training/arguments.py; megatron-core's
+    OptimizerConfig.weight_decay), not 0."""
+    assert optimizer_config(broken_recipe(tmp_path, "--weight-decay 0.1 ", "")).weight_decay == 0.01
+
+
+def test_overlap_switch_is_read_from_the_recipe(tmp_path):
+    assert optimizer_config(gemma()[0]).overlap_cpu_optimizer_d2h_h2d is True
+    absent = broken_recipe(tmp_path, "--overlap-cpu-optimizer-d2h-h2d", "")
+    assert optimizer_config(absent).overlap_cpu_optimizer_d2h_h2d is False
+    valued = broken_recipe(tmp_path, "--overlap-cpu-optimizer-d2h-h2d", "--overlap-cpu-optimizer-d2h-h2d yes")
+    with pytest.raises(RecipeError, match="--overlap-cpu-optimizer-d2h-h2d is a switch"):
+        optimizer_config(valued)
+
+
+def test_offload_shape_records_the_overlap_setting():
+    (lever,) = offload.cpu_tier(GEMMA, LeverOptions())
+    assert all(case.shape.record()["overlap_cpu_optimizer_d2h_h2d"] is True for case in lever.cases)

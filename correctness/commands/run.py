@@ -4,8 +4,8 @@
                     [--checkpoint-cases DIR] [--model-checkpoint DIR] [-- PYTEST ARGS...]
 
 Selects the levers for the recipe's model and GPU, with shapes taken from RECIPE.yaml. `auto` runs
-the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and the CPU tier
-otherwise. With several GPUs the cases are spread over them, one GPU per pytest-xdist worker
+the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and the CPU tiers
+otherwise (those without a GPU marker, Megatron's optimizer on the CPU included). With several GPUs the cases are spread over them, one GPU per pytest-xdist worker
 (install the `parallel` extra); the workers' records are merged into one per lever. pytest prints
 its progress and, at the end, a verdict table per lever.
 
@@ -24,7 +24,9 @@ from correctness.pytest_plugin import GPU_MARKERS
 from correctness.recipes import load_recipe
 
 COMPONENT_TESTS = FIXTURES_DIR.parent / "component_tests"
-CPU_TIER = "not gpu and not te and not megatron and not " + " and not ".join(GPU_MARKERS)
+# Everything that runs without a GPU: the CPU tiers, and Megatron's own optimizer on the CPU (marked
+# `megatron` alone; it skips with the reason where megatron-core is not installed).
+CPU_TIER = "not gpu and not te and not " + " and not ".join(GPU_MARKERS)
 
 
 def add_arguments(parser) -> None:

@@ -1,8 +1,9 @@
 """The optimizer settings a recipe trains with, read from its training arguments.
 
-Megatron's defaults apply where the recipe does not set a flag (eps 1e-8, clip 1.0). The run's
-length is miles' `--num-rollout` (one optimizer step per rollout in these SFT recipes) or
-Megatron's `--train-iters`.
+Megatron's defaults apply where the recipe does not set a flag (megatron/training/arguments.py and
+megatron-core's OptimizerConfig: betas 0.9 / 0.999, eps 1e-8, clip 1.0, weight decay 0.01, the
+offload fraction 1.0, `--overlap-cpu-optimizer-d2h-h2d` off). The run's length is miles'
+`--num-rollout` (one optimizer step per rollout in these SFT recipes) or Megatron's `--train-iters`.
 """
 
 import math
@@ -12,7 +13,14 @@ from correctness.errors import RecipeError
 from correctness.recipes import Recipe
 from references.adamw import AdamWHyperparameters, lr_at
 
-MEGATRON_DEFAULTS = {"--adam-eps": 1e-8, "--clip-grad": 1.0, "--adam-beta1": 0.9, "--adam-beta2": 0.999}
+MEGATRON_DEFAULTS = {
+    "--adam-eps": 1e-8,
+    "--clip-grad": 1.0,
+    "--adam-beta1": 0.9,
+    "--adam-beta2": 0.999,
+    "--weight-decay": 0.01,
+    "--optimizer-offload-fraction": 1.0,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +35,10 @@ class OptimizerConfig:
     eps: float
     weight_decay: float
     clip_grad: float
-    offload_fraction: float  # the recipe's CPU share of the optimizer state (1.0 without offload)
+    offload_fraction: float  # the recipe's CPU share of the optimizer state (0.0 without --optimizer-cpu-offload)
+    # `--overlap-cpu-optimizer-d2h-h2d`: Megatron's HybridDeviceOptimizer then builds one CPU
+    # optimizer per parameter and copies on side streams, another code path than without it.
+    overlap_cpu_optimizer_d2h_h2d: bool
 
     def lr(self, iteration: int) -> float:
         return lr_at(
@@ -64,6 +75,14 @@ def _number(recipe: Recipe, flag: str, default: float | None = None) -> float:
     return value
 
 
+def _switch(recipe: Recipe, flag: str) -> bool:
+    """A store_true flag: on where the run passes it, without a value."""
+    values = recipe.argument(flag)
+    if values:
+        raise RecipeError(f"recipe {recipe.id}: training argument {flag} is a switch, got values {values}")
+    return values is not None
+
+
 def optimizer_config(recipe: Recipe) -> OptimizerConfig:
     optimizer = recipe.argument("--optimizer")
     if optimizer is not None and optimizer != ["adam"]:
@@ -82,9 +101,13 @@ def optimizer_config(recipe: Recipe) -> OptimizerConfig:
         beta1=_number(recipe, "--adam-beta1", MEGATRON_DEFAULTS["--adam-beta1"]),
         beta2=_number(recipe, "--adam-beta2", MEGATRON_DEFAULTS["--adam-beta2"]),
         eps=_number(recipe, "--adam-eps", MEGATRON_DEFAULTS["--adam-eps"]),
-        weight_decay=_number(recipe, "--weight-decay", 0.0),
+        weight_decay=_number(recipe, "--weight-decay", MEGATRON_DEFAULTS["--weight-decay"]),
         clip_grad=_number(recipe, "--clip-grad", MEGATRON_DEFAULTS["--clip-grad"]),
-        offload_fraction=_number(recipe, "--optimizer-offload-fraction", 1.0) if offloaded else 0.0,
+        offload_fraction=(
+            _number(recipe, "--optimizer-offload-fraction", MEGATRON_DEFAULTS["--optimizer-offload-fraction"])
+            if offloaded else 0.0
+        ),
+        overlap_cpu_optimizer_d2h_h2d=_switch(recipe, "--overlap-cpu-optimizer-d2h-h2d"),
     )
     if not 0.0 <= config.offload_fraction <= 1.0:
         raise RecipeError(

@@ -8,14 +8,17 @@ seeded gradients at given pre-clip norms; every tensor's master, update, BF16 we
 are compared, streamed one block of rows at a time so that the recipe scale fits a small machine.
 
 Tiers: "cpu" (smoke scale: the GPU share on an eager AdamW with TE FusedAdam's FP32 arithmetic),
-the recipe's GPU ("h100": recipe scale, the GPU share on TE FusedAdam) and "megatron" (Megatron's
-own HybridDeviceOptimizer on the whole inventory). Negative controls: no bias correction, BF16
-masters (each on both shares), and no gradient clipping.
+the recipe's GPU ("h100": recipe scale, the GPU share on TE FusedAdam), "megatron" (Megatron's own
+HybridDeviceOptimizer on the whole inventory, on a GPU with TE FusedAdam) and "megatron-cpu" (the
+same upstream code on the CPU, its GPU share on TE FusedAdam's arithmetic). Every tier is one call
+of `offload_lever` with its candidate and the candidate's wrong variants. Negative controls: no
+bias correction, BF16 masters, and no gradient clipping.
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -76,6 +79,7 @@ class OffloadShape:
     inventory: tuple[tuple[str, tuple[int, ...], str, str], ...]  # (name, shape, optimizer, share) per tensor
     steps: int
     preclip_norms: tuple[float, ...]
+    overlap_cpu_optimizer_d2h_h2d: bool  # the recipe's --overlap-cpu-optimizer-d2h-h2d, as Megatron gets it
 
     @property
     def id(self) -> str:
@@ -146,6 +150,7 @@ def offload_shape(setting: OffloadSetting, preclip_norms: tuple[float, ...]) -> 
         fraction=setting.fraction, tensors=len(setting.slices), parameters=sum(p.numel for p in setting.slices),
         gpu_parameters=sum(p.numel for p in on_gpu), gpu_tensors=tuple(p.name for p in on_gpu),
         optimizers=optimizers, steps=len(preclip_norms), preclip_norms=preclip_norms,
+        overlap_cpu_optimizer_d2h_h2d=setting.config.overlap_cpu_optimizer_d2h_h2d,
         inventory=tuple((p.name, p.shape, p.optimizer, setting.shares[p.name]) for p in setting.slices),
     )
 
@@ -176,6 +181,7 @@ def offload_cases(setting: OffloadSetting, options: LeverOptions, whole: bool) -
             skip_reason=None if checkpoint is not None and setting.scale == RECIPE
             else "checkpoint weights run at the recipe scale with a model checkpoint"
             " (--model-checkpoint DIR or CORRECTNESS_MODEL_CHECKPOINT)",
+            required=False,
         ),
     )
 
@@ -233,27 +239,65 @@ def unclipped(unit: OptimizerUnit) -> OptimizerUnit:
     return unit.with_config(clip_grad=math.inf)
 
 
+@dataclass(frozen=True, kw_only=True)
+class OffloadCandidate:
+    """A tier's candidate and its two deliberately wrong variants (the third control, no clipping,
+    runs the candidate on unclipped gradients). `whole`: its paths run on the whole inventory at
+    once (Megatron's own optimizer makes its own split); the default and references then join
+    their per-unit runs."""
+
+    path: Path
+    no_bias_correction: Path
+    bf16_masters: Path
+    whole: bool = False
+
+
+def split_candidate(setting: OffloadSetting, device_share: Callable[..., Path]) -> OffloadCandidate:
+    """The modelled split: each parameter on its share's optimizer, `device_share` (a path class
+    taking `bias_correction` and `master`) on the GPU share. The controls swap in wrong optimizers
+    on both shares (on the CPU share, an eager AdamW, as torch's AdamW has no switch for either)."""
+    split = partial(OffloadSplit, fraction=setting.fraction, shares=setting.shares)
+    return OffloadCandidate(
+        path=split(cpu=TorchAdamW(), device=device_share()),
+        no_bias_correction=split(cpu=EagerAdamW(bias_correction=False), device=device_share(bias_correction=False)),
+        bf16_masters=split(cpu=EagerAdamW(master=torch.bfloat16), device=device_share(master=torch.bfloat16)),
+    )
+
+
+def megatron_candidate(setting: OffloadSetting, device: str) -> OffloadCandidate:
+    """Megatron's own HybridDeviceOptimizer; its controls are the same optimizer with bias
+    correction off (it reaches the GPU share's FusedAdam only) and with BF16 masters."""
+    hybrid = partial(MegatronHybrid, setting.fraction, device=device)
+    return OffloadCandidate(
+        path=hybrid(), no_bias_correction=hybrid(bias_correction=False), bf16_masters=hybrid(fp32_masters=False),
+        whole=True,
+    )
+
+
+def _unclipped_whole(inputs: WholeInventory) -> WholeInventory:
+    return inputs.mutated(unclipped)
+
+
 def offload_lever(
-    setting: OffloadSetting, *, tier: str, device: str, options: LeverOptions, device_share: Path,
-    no_bias_correction: Path, bf16_masters: Path,
+    setting: OffloadSetting, *, tier: str, device: str, options: LeverOptions, candidate: OffloadCandidate
 ) -> Lever:
-    """The streamed lever: the candidate splits the parameters as Megatron does and runs each share's
-    optimizer (`device_share` on the GPU share); the controls swap in wrong optimizers per share."""
-    fraction, shares = setting.fraction, setting.shares
-    candidate = OffloadSplit(fraction=fraction, shares=shares, cpu=TorchAdamW(), device=device_share)
+    """The lever of every tier: `candidate` against fraction 1.0 (torch AdamW on the CPU) and the
+    FP64 reference, with the three negative controls."""
+    join = AllUnits if candidate.whole else (lambda path: path)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=describe(setting), recipe=setting.recipe.ref,
-        device=device, cases=offload_cases(setting, options, whole=False), candidate=candidate,
-        default=TorchAdamW(), reference=Fp64AdamW(),
+        device=device, cases=offload_cases(setting, options, whole=candidate.whole), candidate=candidate.path,
+        default=join(TorchAdamW()), reference=join(Fp64AdamW()),
         controls=(
-            Control(name="no bias correction", path=OffloadSplit(
-                fraction=fraction, shares=shares, cpu=EagerAdamW(bias_correction=False), device=no_bias_correction)),
-            Control(name="BF16 masters", path=OffloadSplit(
-                fraction=fraction, shares=shares, cpu=EagerAdamW(master=torch.bfloat16), device=bf16_masters)),
-            Control(name="no clipping", path=Mutated(base=candidate, mutation="gradients not clipped", mutate=unclipped)),
+            Control(name="no bias correction", path=candidate.no_bias_correction),
+            Control(name="BF16 masters", path=candidate.bf16_masters),
+            Control(name="no clipping", path=Mutated(
+                base=candidate.path, mutation="gradients not clipped",
+                mutate=_unclipped_whole if candidate.whole else unclipped,
+            )),
         ),
-        secondary_references=(Fp64AdamW(fp32_hyperparameters=True),),
-        summarize=share_summary(shares, {p.name: p.numel for p in setting.slices}),
+        secondary_references=(join(Fp64AdamW(fp32_hyperparameters=True)),),
+        summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
     )
 
 
@@ -264,11 +308,10 @@ def describe(setting: OffloadSetting) -> str:
 def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
     """On the CPU (smoke scale in CI; the benchmark runs it at the recipe scale): the GPU share on an
     eager AdamW with TE FusedAdam's FP32 arithmetic."""
+    setting = offload_setting(recipe_id, scale, options)
     return [
         offload_lever(
-            offload_setting(recipe_id, scale, options), tier="cpu", device="cpu", options=options,
-            device_share=EagerAdamW(), no_bias_correction=EagerAdamW(bias_correction=False),
-            bf16_masters=EagerAdamW(master=torch.bfloat16),
+            setting, tier="cpu", device="cpu", options=options, candidate=split_candidate(setting, EagerAdamW)
         )
     ]
 
@@ -279,30 +322,28 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     return [
         offload_lever(
             setting, tier=setting.recipe.gpu.lower(), device="cuda", options=options,
-            device_share=TeFusedAdam(), no_bias_correction=TeFusedAdam(bias_correction=False),
-            bf16_masters=TeFusedAdam(master=torch.bfloat16),
+            candidate=split_candidate(setting, TeFusedAdam),
         )
     ]
 
 
 def megatron_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
-    """Megatron's own HybridDeviceOptimizer (GPU, TE and megatron-core) on the whole inventory; its
-    controls are the same optimizer with bias correction off (on its GPU share), with BF16 masters,
-    and without clipping."""
+    """Megatron's own HybridDeviceOptimizer on a GPU (megatron-core, TE, CUDA) on the whole inventory."""
     setting = offload_setting(recipe_id, scale, options)
-    candidate = MegatronHybrid(fraction=setting.fraction)
     return [
-        Lever(
-            name=NAME, version=VERSION, tier="megatron", description=describe(setting), recipe=setting.recipe.ref,
-            device="cuda", cases=offload_cases(setting, options, whole=True), candidate=candidate,
-            default=AllUnits(TorchAdamW()), reference=AllUnits(Fp64AdamW()),
-            controls=(
-                Control(name="no bias correction", path=MegatronHybrid(setting.fraction, bias_correction=False)),
-                Control(name="BF16 masters", path=MegatronHybrid(setting.fraction, fp32_masters=False)),
-                Control(name="no clipping", path=Mutated(
-                    base=candidate, mutation="gradients not clipped", mutate=lambda whole: whole.mutated(unclipped))),
-            ),
-            secondary_references=(AllUnits(Fp64AdamW(fp32_hyperparameters=True)),),
-            summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
+        offload_lever(
+            setting, tier="megatron", device="cuda", options=options, candidate=megatron_candidate(setting, "cuda")
+        )
+    ]
+
+
+def megatron_cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
+    """Megatron's own HybridDeviceOptimizer on the CPU (megatron-core only): upstream's code makes
+    the split and steps both shares, under the shims of correctness.optimizer.megatron_on_cpu, with
+    TE FusedAdam's arithmetic on the GPU share."""
+    setting = offload_setting(recipe_id, scale, options)
+    return [
+        offload_lever(
+            setting, tier="megatron-cpu", device="cpu", options=options, candidate=megatron_candidate(setting, "cpu")
         )
     ]

@@ -16,7 +16,7 @@ import torch
 from correctness.errors import PathUnavailable
 from correctness.lever import Path, PathOutput
 from correctness.optimizer.inputs import OptimizerUnit
-from references.adamw import CLIP_EPSILON, adamw_run, clip_coefficient
+from references.adamw import CLIP_EPSILON, AdamWHyperparameters, adamw_run, clip_coefficient
 
 QUANTITIES = ("master", "update", "bf16", "exp_avg", "exp_avg_sq")
 
@@ -73,11 +73,30 @@ class TorchAdamW:
         )
 
 
+def fused_adam_arithmetic(
+    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *,
+    hyper: AdamWHyperparameters, step: int, bias_correction: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One ADAMW step as TE FusedAdam's kernel computes it, on FP32 values: the hyperparameters
+    cross into the kernel as C floats (rounded to FP32), the bias corrections 1 - beta^t come in
+    double from the rounded betas and are stored as floats, then m/bc1 / (sqrt(v/bc2) + eps) +
+    wd p and p - lr update in FP32. Returns the new (p, m, v); the inputs are not modified."""
+    hyper = hyper.rounded_to_fp32()
+    beta1, beta2 = torch.tensor(hyper.beta1), torch.tensor(hyper.beta2)  # FP32 scalars
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    bc1 = float(1 - hyper.beta1**step) if bias_correction else 1.0
+    bc2 = float(1 - hyper.beta2**step) if bias_correction else 1.0
+    bc1, bc2 = torch.tensor(bc1), torch.tensor(bc2)
+    update = (m / bc1) / (torch.sqrt(v / bc2) + torch.tensor(hyper.eps)) + torch.tensor(hyper.weight_decay) * p
+    return p - torch.tensor(hyper.lr) * update, m, v
+
+
 @dataclass(frozen=True)
 class EagerAdamW:
-    """AdamW in plain torch ops with TE FusedAdam's arithmetic: hyperparameters rounded to FP32,
-    bias corrections 1 - beta^t from the rounded betas, FP32 math, m/bc1 / (sqrt(v/bc2) + eps)
-    + wd p. The CPU tier's stand-in for the GPU share, and the base of the controls:
+    """AdamW in plain torch ops with TE FusedAdam's arithmetic (`fused_adam_arithmetic`):
+    hyperparameters rounded to FP32, bias corrections 1 - beta^t from the rounded betas, FP32 math,
+    m/bc1 / (sqrt(v/bc2) + eps) + wd p. The CPU tier's stand-in for the GPU share, and the base of the controls:
     `bias_correction=False` drops the corrections, `master=torch.bfloat16` keeps the master in BF16."""
 
     name: str = "eager-adamw-fp32"
@@ -90,17 +109,11 @@ class EagerAdamW:
         m = torch.zeros_like(p)
         v = torch.zeros_like(p)
         for step, iteration in enumerate(unit.iterations()):
-            hyper = unit.config.hyperparameters(iteration, unit.weight_decay_multiplier).rounded_to_fp32()
-            g = clipped(unit, step)
-            beta1, beta2 = torch.tensor(hyper.beta1), torch.tensor(hyper.beta2)  # FP32 scalars
-            m = beta1 * m + (1 - beta1) * g
-            v = beta2 * v + (1 - beta2) * g * g
-            t = step + 1
-            bc1 = float(1 - hyper.beta1**t) if self.bias_correction else 1.0
-            bc2 = float(1 - hyper.beta2**t) if self.bias_correction else 1.0
-            bc1, bc2 = torch.tensor(bc1), torch.tensor(bc2)
-            update = (m / bc1) / (torch.sqrt(v / bc2) + torch.tensor(hyper.eps)) + torch.tensor(hyper.weight_decay) * p
-            p = (p - torch.tensor(hyper.lr) * update).to(self.master).float()
+            hyper = unit.config.hyperparameters(iteration, unit.weight_decay_multiplier)
+            p, m, v = fused_adam_arithmetic(
+                p, clipped(unit, step), m, v, hyper=hyper, step=step + 1, bias_correction=self.bias_correction
+            )
+            p = p.to(self.master).float()
         master = p.to(self.master).float() if self.master != torch.float32 else p
         return PathOutput(
             tensors=outputs(unit, master0.float(), master, m, v),
