@@ -109,7 +109,7 @@ class Completeness:
 class LeverRecord:
     lever: Mapping[str, Any]
     recipe: RecipeRef
-    verdict: str  # see lever_verdict
+    verdict: str  # see assess()
     completeness: Completeness
     cases: tuple[CaseResult, ...]
     provenance: Mapping[str, Any]
