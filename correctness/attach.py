@@ -8,17 +8,25 @@ cases say, or a case passes while its candidate or a negative control says other
 its lever declares, ran no case, belongs to another model, or was written by another version of a
 lever is refused, and the recipe is left untouched. An `incomplete` verdict (a required case
 skipped) is written as it is, never as a pass.
+
+Each attach is one read-modify-write cycle under an advisory lock on the recipe (correctness.files
+.locked: `.NAME.lock` beside it; see there for what it does on NFS), so that two attaches to one
+recipe at once both land, one after the other. A read-only recipe (no write bit) is refused before
+anything is read; a symlinked recipe is written through to its target. `--dry-run` takes no lock
+and needs no write access.
 """
 
+import contextlib
 import datetime
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
 from correctness.entries import count, errors_sentence, generic_text, gpu_label, ran_cases
 from correctness.errors import CorrectnessError, RecipeError
+from correctness.files import locked, refuse_read_only
 from correctness.levers import KNOWN_LEVERS
 from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
 from correctness.results import RAN, SKIP, read_record, record_assessment
@@ -119,8 +127,26 @@ def _component_tests(document: Any, name: str) -> Any:
     return tests
 
 
+@contextlib.contextmanager
+def editing(recipe_path: str | FilePath, dry_run: bool = False) -> Iterator[None]:
+    """The recipe's read-modify-write cycle: refused where the recipe is read-only, and serialised
+    with every other attach to it by its lock (nothing for a dry run, which writes nothing)."""
+    if dry_run:
+        yield
+        return
+    label = f"recipe {recipe_path}"
+    refuse_read_only(recipe_path, label, RecipeError)
+    with locked(recipe_path, label, RecipeError):
+        yield
+
+
 def attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], dry_run: bool = False) -> list[Attached]:
-    """Attach every record (all or none) and write the recipe once; return what was done."""
+    """Attach every record (all or none) and write the recipe once, under its lock; return what was done."""
+    with editing(recipe_path, dry_run):
+        return _attach(recipe_path, record_paths, dry_run)
+
+
+def _attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], dry_run: bool) -> list[Attached]:
     from ruamel.yaml.comments import CommentedMap
 
     recipe = load_recipe(recipe_path)
@@ -153,17 +179,18 @@ def attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], 
 
 def attach_convergence(recipe_path: str | FilePath, block: dict[str, Any], note: str) -> None:
     """Replace the recipe's correctness.convergence with a checked block (the same atomic,
-    byte-preserving write as the component tests')."""
+    byte-preserving write, under the same lock, as the component tests')."""
     from ruamel.yaml.comments import CommentedMap
 
-    recipe = load_recipe(recipe_path)
-    validate_recipe(recipe.data, recipe.id)
-    document = load_document(recipe_path)
-    correctness = document.get("correctness")
-    if correctness is None:
-        raise RecipeError(f"recipe {recipe.id}: no correctness block to attach to")
-    correctness["convergence"] = CommentedMap(
-        [(key, _styled(value)) for key, value in block.items()] + [("note", _styled(note))]
-    )
-    validate_recipe(document, recipe.id)
-    write_recipe(recipe_path, document)
+    with editing(recipe_path):
+        recipe = load_recipe(recipe_path)
+        validate_recipe(recipe.data, recipe.id)
+        document = load_document(recipe_path)
+        correctness = document.get("correctness")
+        if correctness is None:
+            raise RecipeError(f"recipe {recipe.id}: no correctness block to attach to")
+        correctness["convergence"] = CommentedMap(
+            [(key, _styled(value)) for key, value in block.items()] + [("note", _styled(note))]
+        )
+        validate_recipe(document, recipe.id)
+        write_recipe(recipe_path, document)

@@ -29,7 +29,7 @@ import yaml
 
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
-from correctness.recipes import Recipe, training_arguments
+from correctness.recipes import Recipe, load_yaml, read_yaml_input, training_arguments
 from correctness.results import FAIL, INCOMPLETE, NO_KERNEL_CHANGE, PASS
 
 REFERENCES_DIR = FIXTURES_DIR / "references"
@@ -366,13 +366,8 @@ def load_reference(path: str | FilePath) -> dict[str, list[list[str]]]:
     """The training arguments of a reference file: any YAML mapping with a `run:` script holding a
     train.py command (a reference file under fixtures/references/, or a whole recipe)."""
     path = FilePath(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        raise RecipeError(f"reference {path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        raise RecipeError(f"reference {path}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+    label = f"reference {path}"
+    data = load_yaml(read_yaml_input(path, label), label)  # the recipes' limits: size, aliases, depth
     if not isinstance(data, dict) or "run" not in data:
         raise RecipeError(f"reference {path}: missing field run")
     if not isinstance(data["run"], str):

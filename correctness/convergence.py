@@ -35,6 +35,10 @@ Where this module differs, on purpose:
 - The final relative difference divides by |g| (Megatron-Bridge by g: the same for losses > 0).
 - The log's loss may be written `nan`/`inf` (Megatron prints `NAN` for a NaN loss); it is read, and
   then fails, instead of being skipped.
+- Inputs are bounded: a regular file of at most 64 MiB (correctness.files.read_input; a FIFO or
+  /dev/zero is refused, not read forever), steps are integers from 0 to 2^63 - 1 (int64), and no
+  check does work beyond the number of points read (the gaps of steps {1, 2, 2e8} are counted, not
+  listed).
 
 A property of the outlier check worth knowing: with ddof 0 the squared z-scores of n residuals
 sum to n, so k points beyond 3 standard deviations need 9k < n, while failing needs k > 0.1 n. At
@@ -66,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from correctness.errors import CorrectnessError
+from correctness.files import read_input
 from correctness.report import format_table
 
 # The golden-loss tiers of the point-wise tolerance (Megatron-Bridge: `golden > 2.0`, `golden > 0.5`).
@@ -151,17 +156,34 @@ def parse_log(text: str, source: str) -> Curve:
         value = _number(loss.group(1))
         if value is None:
             raise CorrectnessError(f"{source} line {number}: lm loss {loss.group(1)!r} is not a number")
-        pairs.append((int(iteration.group(1)), value))
+        pairs.append((_step(iteration.group(1), source, f"line {number}"), value))
     if not pairs:
         raise CorrectnessError(f"{source}: no training-log losses found (lines with 'iteration N/' and 'lm loss: X')")
     return curve_from_pairs(source, "log", pairs)
 
 
+MAX_STEP = 2**63 - 1  # steps are held as int64
+
+
 def _step(value: Any, source: str, where: str) -> int:
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else _number(str(value).strip())
+    """An integer step from 0 to MAX_STEP: a number, or the text of one (`12`, `1e3`)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        digits = value.strip().lstrip("0") or "0"
+        number = int(digits) if len(digits) <= len(str(MAX_STEP)) else MAX_STEP + 1  # int() refuses 4,300 digits
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    else:
+        number = _number(str(value).strip())
     if number is None or not math.isfinite(number) or number != int(number):
-        raise CorrectnessError(f"{source} {where}: step {value!r} is not an integer")
+        raise CorrectnessError(f"{source} {where}: step {_brief(value)} is not an integer")
+    if not 0 <= int(number) <= MAX_STEP:
+        raise CorrectnessError(f"{source} {where}: step {_brief(value)} is outside 0 to {MAX_STEP} (int64)")
     return int(number)
+
+
+def _brief(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _loss(value: Any, source: str, where: str) -> float:
@@ -205,8 +227,10 @@ def parse_json(text: str, source: str) -> Curve:
     """A list of losses (steps 1..N), {"step": loss}, or [{"step": .., "loss": ..}, ...]."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # also an integer of more than 4,300 digits
         raise CorrectnessError(f"{source}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise CorrectnessError(f"{source}: not valid JSON (nested too deeply)") from None
     if isinstance(data, dict):
         pairs = [(_step(k, source, f"key {k!r}"), _json_loss(v, source, f"step {k}")) for k, v in data.items()]
     elif isinstance(data, list) and all(isinstance(item, dict) for item in data) and data:
@@ -241,12 +265,7 @@ def read_curve(path: str | Path) -> Curve:
     """Read a loss curve; the format from the extension (.log/.txt/.out/.err, .csv, .json), else the content."""
     path = Path(path)
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise CorrectnessError(f"{source}: no such file") from None
-    except OSError as error:
-        raise CorrectnessError(f"{source}: cannot read ({error.strerror or error})") from None
+    text = read_input(path, source).decode("utf-8-sig", errors="replace")  # a byte order mark is not a character
     suffix = path.suffix.lower()
     fmt = {".csv": "csv", ".json": "json"}.get(suffix) or ("log" if suffix in _LOG_SUFFIXES else None)
     if fmt is None:
@@ -348,9 +367,12 @@ def _few(items: list[str], limit: int = 5) -> str:
     return "; ".join(items[:limit]) + (f"; and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _steps_text(steps: np.ndarray | list[int], limit: int = 8) -> str:
-    steps = [int(s) for s in steps]
-    return ", ".join(map(str, steps[:limit])) + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
+def _steps_text(steps: np.ndarray | list[int], limit: int = 8, total: int | None = None) -> str:
+    """The first `limit` steps, and how many more of `total` (default: all of `steps`)."""
+    total = len(steps) if total is None else total
+    shown = [int(s) for s in steps[:limit]]
+    more = total - len(shown)
+    return ", ".join(map(str, shown)) + (f" and {more:,} more" if more > 0 else "")
 
 
 def _finite_check(candidate: Curve, reference: Curve) -> Check:
@@ -361,20 +383,36 @@ def _finite_check(candidate: Curve, reference: Curve) -> Check:
                  f"{len(bad)} non-finite", "none", _few(bad) if bad else "")
 
 
+def grid_gaps(steps: np.ndarray, stride: int, limit: int = 8) -> tuple[int, list[int]]:
+    """The steps of the logging grid (every `stride` from the first step to the last) missing from
+    sorted `steps`: their count and the first `limit` of them. Counted gap by gap, never listed in
+    full, so the work follows the number of steps, not their span ({1, 2, 2e8}: 199,999,997 missing)."""
+    gaps = np.diff(steps) // stride - 1  # missing grid points after each step
+    count = int(gaps.sum())  # below 2^63: steps lie in 0..MAX_STEP
+    first: list[int] = []
+    for index in np.flatnonzero(gaps)[:limit]:
+        start = int(steps[index])
+        first.extend(start + stride * k for k in range(1, min(int(gaps[index]), limit - len(first)) + 1))
+        if len(first) >= limit:
+            break
+    return count, first
+
+
 def _coverage_check(candidate: Curve, reference: Curve) -> Check:
     only_candidate = np.setdiff1d(candidate.steps, reference.steps)
     only_reference = np.setdiff1d(reference.steps, candidate.steps)
     union = np.union1d(candidate.steps, reference.steps)
     stride = int(np.gcd.reduce(np.diff(union))) if len(union) > 1 else 1
-    missing = np.setdiff1d(np.arange(union[0], union[-1] + 1, stride), union)
+    n_missing, first_missing = grid_gaps(union, stride)
     problems = []
-    if len(missing):
-        problems.append(f"steps missing from both curves (logging every {stride}): {_steps_text(missing)}")
+    if n_missing:
+        problems.append(f"steps missing from both curves (logging every {stride}): "
+                        f"{_steps_text(first_missing, total=n_missing)}")
     if len(only_candidate):
         problems.append(f"steps only in the candidate: {_steps_text(only_candidate)}")
     if len(only_reference):
         problems.append(f"steps only in the reference: {_steps_text(only_reference)}")
-    n_bad = len(missing) + len(only_candidate) + len(only_reference)
+    n_bad = n_missing + len(only_candidate) + len(only_reference)
     shown = f"{union[0]}-{union[-1]}" + (f" every {stride}" if stride != 1 else "")
     return Check("step coverage", FAIL if problems else PASS, n_bad, 0.0, shown,
                  "same steps, no gaps", "; ".join(problems))

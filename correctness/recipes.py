@@ -2,26 +2,33 @@
 
 `load_recipe` reads a recipe as plain data (PyYAML, which every training image has). Editing goes
 through ruamel.yaml's round-trip mode (`load_document`, `write_recipe`): writing back a recipe that
-was not changed gives the same bytes (comments, key order, quoting, block scalars), and a changed
-one differs only where it was changed; writes are atomic. `validate_recipe` checks a recipe against
+was not changed gives the same bytes (comments, key order, quoting, block scalars, a UTF-8 byte
+order mark), and a changed one differs only where it was changed; writes are atomic and go through
+a symlink to its target. `validate_recipe` checks a recipe against
 correctness/schema/recipe.schema.json. ruamel.yaml and jsonschema are imported only when used.
+
+`load_yaml` is the one reader of a user's YAML (recipes, references): a file of at most 1 MiB
+(`read_yaml_input`), then refused in one line where a key repeats in a mapping (PyYAML
+would keep the last silently), where aliases would expand to more than EXPANSION_PER_BYTE nodes per
+byte of the file (a 342-byte "billion laughs" file expands to 10^9 values in any consumer that
+walks it, such as the schema check), where an alias refers to itself, or where values nest deeper
+than MAX_DEPTH (PyYAML's composer and every consumer recurse once per level).
 """
 
 import hashlib
 import io
 import json
-import os
 import re
 import shlex
 from dataclasses import dataclass
-from functools import cache, cached_property
-from importlib import resources
+from functools import cached_property
 from pathlib import Path as FilePath
 from typing import Any
 
 import yaml
 
-from correctness.errors import RecipeError
+from correctness.errors import CorrectnessError, RecipeError
+from correctness.files import YAML_LIMIT, folder_parts, read_input, replace_file, write_target
 from correctness.fixtures import RECIPES_DIR
 from correctness.lever import RecipeRef
 
@@ -144,20 +151,40 @@ def _round_trip():
     return round_trip
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _decoded(raw: bytes, label: str) -> str:
+    """UTF-8 text without its byte order mark (write_recipe puts a file's mark back)."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise RecipeError(f"{label}: not UTF-8 text") from None
+
+
+DUPLICATE_KEY = re.compile(r'found duplicate key "(.*)" with value', re.DOTALL)
+
+
 def load_document(path: str | FilePath) -> Any:
-    """The recipe as an editable round-trip document (ruamel.yaml), for write_recipe."""
+    """The recipe as an editable round-trip document (ruamel.yaml), for write_recipe. Call
+    load_recipe first where the file is untrusted: it bounds aliases, which this does not."""
+    from ruamel.yaml.constructor import DuplicateKeyError
     from ruamel.yaml.error import YAMLError
 
     path = FilePath(path)
+    label = f"recipe {path}"
+    text = _decoded(read_yaml_input(path, label), label)
     try:
-        return _round_trip().load(path.read_text())
-    except OSError as error:
-        raise RecipeError(f"recipe {path}: cannot be read ({error.strerror})") from None
-    except UnicodeDecodeError:
-        raise RecipeError(f"recipe {path}: not UTF-8 text") from None
+        return _round_trip().load(text)
+    except RecursionError:
+        raise RecipeError(f"{label}: nested too deeply to read (more than {MAX_DEPTH} levels)") from None
+    except DuplicateKeyError as error:
+        key = DUPLICATE_KEY.search(str(error.problem))
+        raise RecipeError(f"{label}: duplicate key {key.group(1) if key else ''!r} at line "
+                          f"{error.problem_mark.line + 1}") from None
     except YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        raise RecipeError(f"recipe {path}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+        raise RecipeError(f"{label}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
 
 
 def recipe_text(data: Any) -> str:
@@ -167,52 +194,168 @@ def recipe_text(data: Any) -> str:
     return out.getvalue()
 
 
-def write_recipe(path: str | FilePath, data: Any) -> None:
-    """Replace the recipe file atomically (a temporary file beside it, then a rename), keeping its mode."""
-    path = FilePath(path)
-    text = recipe_text(data)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _starts_with_bom(path: FilePath) -> bool:
     try:
-        temporary.write_text(text)
-        if path.exists():
-            os.chmod(temporary, path.stat().st_mode & 0o7777)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+        with open(write_target(path), "rb") as existing:
+            return existing.read(len(UTF8_BOM)) == UTF8_BOM
+    except OSError:
+        return False
 
 
-@cache
+def write_recipe(path: str | FilePath, data: Any) -> None:
+    """Replace the recipe file atomically (correctness.files.replace_file: through a symlink, keeping
+    its mode, one line on failure), keeping its UTF-8 byte order mark where it had one."""
+    path = FilePath(path)
+    text = recipe_text(data).encode("utf-8")
+    replace_file(path, (UTF8_BOM if _starts_with_bom(path) else b"") + text, f"recipe {path}", RecipeError)
+
+
 def recipe_schema() -> dict[str, Any]:
-    return json.loads(resources.files("correctness.schema").joinpath("recipe.schema.json").read_text())
+    from correctness.schema import schema
+
+    return schema("recipe.schema.json")
 
 
 def validate_recipe(data: Any, name: str) -> None:
-    """Raise RecipeError naming the first field of recipe data that does not fit the recipe schema."""
-    import jsonschema
+    """Raise RecipeError naming the first field of recipe data that does not fit the recipe schema.
+    Dates become ISO strings first; aliases are expanded there, which load_yaml has bounded."""
+    from correctness.schema import first_problem
 
-    document = json.loads(json.dumps(data, default=str))  # dates as ISO strings
-    validator = jsonschema.Draft202012Validator(recipe_schema(), format_checker=jsonschema.FormatChecker())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
-    if error is not None:
-        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise RecipeError(f"recipe {name}: {where}: {error.message}")
+    try:
+        document = json.loads(json.dumps(data, default=str))
+        problem = first_problem("recipe.schema.json", document)
+    except (RecursionError, ValueError) as error:  # ValueError: a circular reference
+        raise RecipeError(f"recipe {name}: cannot be checked against its schema ({type(error).__name__})") from None
+    if problem is not None:
+        where, message = problem
+        raise RecipeError(f"recipe {name}: {where}: {message}")
+
+
+# load_yaml's limits (see the module's docstring).
+EXPANSION_PER_BYTE = 10  # nodes per byte of the file, aliases expanded; YAML without aliases has about one
+EXPANSION_FLOOR = 10_000  # nodes: what any small file may expand to
+MAX_DEPTH = 64  # levels of nesting; the recipes use five
+
+
+class Refused(yaml.YAMLError):
+    """A well-formed file load_yaml will not read; its message says why."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses a repeated key, and checks aliases and depth before constructing."""
+
+    expansion_limit = EXPANSION_FLOOR
+
+    def construct_mapping(self, node, deep=False):
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges, and keys after it may override what it brings
+            key, line = self.construct_object(key_node, deep=deep), key_node.start_mark.line + 1
+            try:
+                if key in first:
+                    raise Refused(f"duplicate key {key!r} at line {line} (first at line {first[key]})")
+                first[key] = line
+            except TypeError:
+                continue  # an unhashable key: PyYAML refuses it itself
+        return super().construct_mapping(node, deep=deep)
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        check_expansion(node_expansion(node, self.expansion_limit), self.expansion_limit)
+        return self.construct_document(node)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+@dataclass(frozen=True)
+class Expansion:
+    nodes: int  # with every alias expanded, capped at the limit plus one
+    depth: int
+    recursive: bool  # an alias inside the value it names: infinite
+
+
+def node_expansion(root: yaml.Node, limit: int) -> Expansion:
+    """Size and depth of a composed document with its aliases expanded, without expanding them: each
+    distinct node is visited once (an alias is the same node object as its anchor), so the work is
+    bounded by the file. Iterative, so that depth cannot exhaust Python's stack."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            children = _children(node)
+            size[key] = min(limit + 1, 1 + sum(size[id(child)] for child in children))
+            depth[key] = 1 + max((depth[id(child)] for child in children), default=0)
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            return Expansion(nodes=limit + 1, depth=0, recursive=True)
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                return Expansion(nodes=limit + 1, depth=0, recursive=True)
+            if id(child) not in size:
+                stack.append((child, False))
+    return Expansion(nodes=size[id(root)], depth=depth[id(root)], recursive=False)
+
+
+def check_expansion(expansion: Expansion, limit: int) -> None:
+    if expansion.recursive:
+        raise Refused("an alias refers to a value that contains it (it would expand forever)")
+    if expansion.nodes > limit:
+        raise Refused(f"its aliases expand to more than {limit:,} values ({EXPANSION_PER_BYTE} per byte of the"
+                      f" file, at least {EXPANSION_FLOOR:,}); write the repeated values out or use fewer aliases")
+    if expansion.depth > MAX_DEPTH:
+        raise Refused(f"nested {expansion.depth} levels deep, more than the {MAX_DEPTH} this suite reads")
+
+
+def read_yaml_input(path: FilePath, label: str) -> bytes:
+    """A YAML file's bytes: a regular file of at most YAML_LIMIT (see correctness.files)."""
+    return read_input(path, label, RecipeError, limit=YAML_LIMIT, kind="a YAML file")
+
+
+def load_yaml(raw: bytes, label: str, error: type[CorrectnessError] = RecipeError) -> Any:
+    """A user's YAML file as plain data, or `error` in one line naming `label` (see the module's
+    docstring for what is refused and why). Nothing is constructed before the checks pass."""
+    loader = _Loader(raw)
+    loader.expansion_limit = max(EXPANSION_FLOOR, EXPANSION_PER_BYTE * len(raw))
+    try:
+        return loader.get_single_data()
+    except Refused as refusal:
+        raise error(f"{label}: {refusal}") from None
+    except RecursionError:
+        raise error(f"{label}: nested too deeply to read (more than {MAX_DEPTH} levels)") from None
+    except yaml.reader.ReaderError:
+        raise error(f"{label}: not UTF-8 text, or holds a control character YAML does not allow") from None
+    except yaml.YAMLError as failure:
+        mark = getattr(failure, "problem_mark", None)
+        raise error(f"{label}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+    finally:
+        loader.dispose()
 
 
 def load_recipe(path: str | FilePath) -> Recipe:
     """Read a recipe file. Its id is its path below fixtures/recipes (without .yaml) when it lies
-    there, else its file name without .yaml."""
+    there, else its file name without .yaml; it names the recipe's results folder, so a name that
+    would lead elsewhere (`...yaml` gives `..`) is refused."""
     path = FilePath(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise RecipeError(f"recipe {path}: cannot be read ({error.strerror})") from None
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise RecipeError(f"recipe {path}: malformed YAML{where}") from None
+    raw = read_yaml_input(path, f"recipe {path}")
+    data = load_yaml(raw, f"recipe {path}")
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path}: expected a mapping at the top level")
     resolved = path.resolve()
@@ -221,6 +364,9 @@ def load_recipe(path: str | FilePath) -> Recipe:
         if resolved.is_relative_to(RECIPES_DIR)
         else path.stem
     )
+    if folder_parts(recipe_id) is None:
+        raise RecipeError(f"recipe {path}: its file name gives the id {recipe_id!r}, which cannot name a results"
+                          " folder; rename the file")
     return Recipe(id=recipe_id, path=path, data=data, sha256=hashlib.sha256(raw).hexdigest())
 
 

@@ -1,13 +1,13 @@
 """Result data: what one case and one lever run produced, and the JSON record format.
 
-The record format is documented in docs/record-format.md; bump FORMAT_VERSION on any change
-that a reader of older records would misread.
+The record format is documented in docs/record-format.md and checked by
+correctness/schema/record.schema.json; bump FORMAT_VERSION on any change that a reader of older
+records would misread.
 """
 
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FilePath
@@ -15,6 +15,7 @@ from typing import Any
 
 from correctness.compare import TensorComparison
 from correctness.errors import CorrectnessError
+from correctness.files import folder_parts, read_input, replace_file
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
@@ -179,24 +180,30 @@ def record_to_json(record: LeverRecord) -> dict[str, Any]:
 
 
 def record_path(data: Mapping[str, Any], results_dir: FilePath) -> FilePath:
-    return FilePath(results_dir) / data["recipe"]["id"] / f"{data['lever']['record_id']}.json"
+    """results_dir/<recipe id>/<record id>.json, refused where an id would lead outside results_dir
+    (an empty, `.` or `..` part, an absolute id; load_recipe refuses such a recipe id already)."""
+    recipe_id, record_id = data["recipe"]["id"], data["lever"]["record_id"]
+    recipe_parts = folder_parts(recipe_id)
+    for what, name, parts in (("recipe id", recipe_id, recipe_parts),
+                              ("record id", record_id, folder_parts(record_id, several=False))):
+        if parts is None:
+            raise CorrectnessError(f"{what} {name!r} would place a record outside the results folder {results_dir}")
+    return FilePath(results_dir).joinpath(*recipe_parts, f"{record_id}.json")
 
 
 def write_record(record: LeverRecord | Mapping[str, Any], results_dir: FilePath, target: FilePath | None = None) -> FilePath:
-    """Write a record (or its JSON form) atomically, by default to
-    results_dir/<recipe id>/<record id>.json; return its path."""
+    """Write a record (or its JSON form) atomically (correctness.files.replace_file), by default to
+    results_dir/<recipe id>/<record id>.json; return its path. A write that fails (a read-only
+    folder, a full disk) raises CorrectnessError with its own error, in one line."""
     data = record_to_json(record) if isinstance(record, LeverRecord) else record
     target = target or record_path(data, results_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=1, allow_nan=False) + "\n"
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    label = f"result record {target}"
     try:
-        with open(temporary, "w") as out:  # created with the user's umask (mkstemp would make it 0600)
-            out.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CorrectnessError(f"{label}: cannot be written ({error.strerror or error})") from None
+    replace_file(target, text.encode("utf-8"), label)
     return target
 
 
@@ -229,17 +236,53 @@ def record_assessment(data: Mapping[str, Any]) -> tuple[str, Completeness]:
     return assess(statuses, data["lever"]["cases"], set(data["lever"]["optional_cases"]))
 
 
+def _nonfinite_field(data: Any) -> tuple[str, float] | None:
+    """The first figure that is NaN or infinite (a JSON NaN or Infinity token, or a number too
+    large for a double), with its path; iterative, so a deep record cannot exhaust the stack."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where, value
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), item) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{index}", item) for index, item in reversed(list(enumerate(value))))
+    return None
+
+
 def read_record(path: FilePath) -> dict[str, Any]:
-    """Load a record, refusing files of another format or format version."""
+    """Load a record, refusing (one line naming the file and the field) files of another format or
+    format version, anything record.schema.json does not allow (a missing `lever`, `cases` that is
+    not a list, a date that is not an ISO 8601 time), and a non-finite figure anywhere: the suite
+    writes such a figure as null, so a NaN or Infinity is a hand edit, and would be worded as a
+    figure ("inf x") in a passing entry."""
+    from correctness.schema import first_problem
+
     path = FilePath(path)
+    label = f"result record {path}"
+    raw = read_input(path, label)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:  # ValueError: bad JSON, or bytes that are not UTF-8
-        raise CorrectnessError(f"result record {path}: cannot be read as JSON ({error})") from None
+        data = json.loads(raw.decode("utf-8-sig"))
+    except ValueError as error:  # bad JSON, or bytes that are not UTF-8
+        raise CorrectnessError(f"{label}: cannot be read as JSON ({error})") from None
+    except RecursionError:
+        raise CorrectnessError(f"{label}: cannot be read as JSON (nested too deeply)") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CorrectnessError(f"result record {path}: not a {FORMAT} file")
-    if data.get("format_version") != FORMAT_VERSION:
-        raise CorrectnessError(
-            f"result record {path}: format version {data.get('format_version')}, this suite reads {FORMAT_VERSION}"
-        )
+        raise CorrectnessError(f"{label}: not a {FORMAT} file")
+    version = data.get("format_version")
+    if isinstance(version, str):
+        raise CorrectnessError(f"{label}: format_version is the string {version!r}; this suite reads the number"
+                               f" {FORMAT_VERSION}")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise CorrectnessError(f"{label}: format version {version}, this suite reads {FORMAT_VERSION}")
+    problem = first_problem("record.schema.json", data)
+    if problem is not None:
+        where, message = problem
+        raise CorrectnessError(f"{label}: field {where}: {message}")
+    nonfinite = _nonfinite_field(data)
+    if nonfinite is not None:
+        where, value = nonfinite
+        raise CorrectnessError(f"{label}: field {where} is {value}, not a finite number (a record writes null"
+                               " where a figure is not finite)")
     return data
