@@ -6,9 +6,10 @@ from pathlib import Path as FilePath
 from typing import Any
 
 from correctness.classify import COVERED, FAILED, Classification, classify_recipe
+from correctness.errors import RecipeError
+from correctness.models import load_model
 from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.results import FAIL, INCOMPLETE, PASS
-
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,22 @@ def _convergence(recipe: Recipe) -> Finding:
 
 
 def check_recipe(path: str | FilePath, reference: str | FilePath | None = None) -> RecipeCheck:
+    """The recipe's verdict. A recipe whose model has no model facts (fixtures/models/<model>.yaml)
+    gets none: it is refused as bad input (RecipeError, exit 2), not failed or left incomplete.
+
+    A verdict is evidence or nothing. Every lever takes its shapes from the model facts, so without
+    them no component test can have run at this model's shapes, and an entry the recipe carries
+    (copied from a recipe of another model, say) is evidence about another model, never this one.
+    A fail or incomplete verdict would read as "checked, and something is wrong or missing here",
+    and point at attaching results that cannot be produced; what is missing is an input of the
+    suite, as a missing reference file is for `classify`, and the remedy is to add it.
+    """
     recipe = load_recipe(path)
     validate_recipe(recipe.data, recipe.id)
+    try:
+        load_model(recipe.model)
+    except RecipeError as error:
+        raise RecipeError(f"recipe {recipe.id}: {error} (a verdict needs the model's facts)") from None
     classification = classify_recipe(recipe, reference)
     findings = [
         Finding(

@@ -1,12 +1,16 @@
 """`correctness`: the command line. Subcommands live in correctness/commands/.
 
 Exit status: 0 success or a passing verdict; 1 a failing or incomplete verdict; 2 bad input (a
-malformed recipe, a missing file, mismatched curves), with a one-line message on stderr.
+malformed recipe, a missing file, mismatched curves, a wrong option), with exactly one line on
+stderr and no traceback. A reader that goes away (`correctness ... --json | head`) is not an error:
+what was left to print is dropped, and the command ends with the status of what it did; where the
+pipe broke before the command was done, it ends with 141, as a process killed by SIGPIPE reports.
 """
 
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -22,18 +26,58 @@ COMMANDS = {
     "capture-attention": "capture a trained model's attention inputs for the attention lever's checkpoint cases",
 }
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: the shell's status for a process SIGPIPE ended
+
+
+def _drop_stdout() -> None:
+    """Send what stdout still holds, and anything printed later, to /dev/null: its reader is gone.
+    (Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError instead; leaving the
+    buffer on the broken pipe would raise again when the interpreter flushes it at exit.)"""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a stand-in without a file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
 
 
 def emit(args: argparse.Namespace, lines: Sequence[str], data: Any) -> None:
-    """Print the human form, or with --json the machine-readable one."""
+    """Print the human form, or with --json the machine-readable one. A reader that has gone away
+    (`| head`) is no error: the command's work is done, and its exit status stands."""
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=1, allow_nan=False, default=str))
+        text = json.dumps(data, indent=1, allow_nan=False, default=str)
     else:
-        print("\n".join(lines))
+        text = "\n".join(lines)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _drop_stdout()
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the usage block it prints by default is a second line and
+    more; `--help` shows it."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a count, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="correctness",
         description="Numerical-correctness evidence for tuned training recipes.",
         epilog="Exit status: 0 success or pass; 1 fail or incomplete; 2 bad input.",
@@ -50,8 +94,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _one_line(error: BaseException) -> str:
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def _main(argv: list[str]) -> int:
     passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []  # for `run`: arguments for pytest
     args = parser().parse_args(argv[: len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
     if passthrough and args.command != "run":
@@ -60,8 +107,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except CorrectnessError as error:
-        print(f"correctness {args.command}: {error}", file=sys.stderr)
+        print(f"correctness {args.command}: {_one_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        # A file the library did not word an error for (a folder that cannot be written, a full
+        # disk): still the user's file, named in one line.
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"correctness {args.command}: {where}{error.strerror or _one_line(error)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (argparse's exits, --help and usage errors, included)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _main(argv)
+    except SystemExit as leaving:  # argparse: --help (0) or a usage error (2, one line)
+        if isinstance(leaving.code, str):
+            print(leaving.code, file=sys.stderr)
+        status = EXIT_BAD_INPUT if isinstance(leaving.code, str) else leaving.code or EXIT_OK
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # what was printed last, still in the buffer
+        _drop_stdout()
+    return status
 
 
 if __name__ == "__main__":

@@ -85,11 +85,15 @@ def model_file(model_name: str) -> FilePath:
 
 
 def load_model(model_name: str) -> ModelFacts:
+    """The model facts of a recipe's `model:`; RecipeError (one line, naming the file) where the
+    suite has none or they are malformed."""
     path = model_file(model_name)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError:
         raise RecipeError(f"model {model_name}: no model facts at {path}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"model facts {path}: not UTF-8 text") from None
     except yaml.YAMLError:
         raise RecipeError(f"model facts {path}: malformed YAML") from None
     if not isinstance(data, dict) or data.get("name") != model_name:

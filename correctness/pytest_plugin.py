@@ -28,6 +28,7 @@ from pathlib import Path as FilePath
 import pytest
 import torch
 
+from correctness.hardware import GPU_MARKERS
 from correctness.harness import build_record, run_case
 from correctness.lever import Case, Lever, LeverOptions
 from correctness.provenance import gpu_type
@@ -37,7 +38,6 @@ from correctness.results import CaseResult, merge_records, read_record, record_t
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
-GPU_MARKERS = {"h100": "H100", "h200": "H200"}
 MARKERS = {
     "levers(factory=...)": "parametrise (lever, case) over the levers factory(LeverOptions) returns",
     "gpu": "needs a CUDA GPU; skips without one",
@@ -223,6 +223,12 @@ def pytest_sessionfinish(session):
         record = merge_records(part_list)
         written.append((record, write_record(record, results)))
     config.stash[_WRITTEN] = written
+
+
+def written_records(config) -> list[tuple[dict, FilePath]]:
+    """The records this session wrote, each with its path (merged from the workers' parts under
+    pytest-xdist): for `correctness run --json`, read once the session has finished."""
+    return list(config.stash.get(_WRITTEN, []))
 
 
 def pytest_terminal_summary(terminalreporter, config):

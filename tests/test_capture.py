@@ -404,6 +404,54 @@ def test_the_command_captures_and_refuses_in_one_line(tiny, capsys):
     assert error.count("\n") == 1 and "row 2 has 63 tokens" in error
 
 
+def command_line(tiny, *options) -> list[str]:
+    return ["capture-attention", str(tiny.checkpoint), str(tiny.recipe), "--rows", str(tiny.rows),
+            "--device", "cpu", "--model-facts", str(FACTS), *map(str, options)]
+
+
+@pytest.mark.parametrize(("where", "message"), [("a file", "not a folder"), ("under a file", "is a file, not a folder")])
+def test_an_output_folder_that_is_a_file_is_refused_in_one_line(tiny, tmp_path, capsys, where, message):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file\n")
+    out = blocker if where == "a file" else blocker / "captures"
+    assert main(command_line(tiny, "--out", out)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert f"capture folder {out}" in captured.err and message in captured.err
+    assert blocker.read_text() == "a file\n"
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:x"])
+def test_a_device_torch_does_not_know_is_refused_in_one_line(tiny, tmp_path, capsys, device):
+    out = tmp_path / "captures"
+    assert main([*command_line(tiny, "--out", out), "--device", device]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert f"device {device!r}: not a torch device" in captured.err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_corrupt_safetensors_file_is_refused_in_one_line(tiny, tmp_path, capsys, damage):
+    """A weights file cut short (an interrupted download), overwritten or empty: named, in one line,
+    before the model loads and before the capture folder is made."""
+    broken = tmp_path / "checkpoint"
+    broken.mkdir()
+    for path in tiny.checkpoint.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\xff" * 4096, "empty": b""}[damage])
+    out = tmp_path / "captures"
+    arguments = command_line(tiny, "--out", out)
+    arguments[1] = str(broken)
+    assert main(arguments) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert f"checkpoint {broken}: model.safetensors is not a readable safetensors file" in captured.err
+    assert not out.exists()
+
+
 def test_nothing_else_imports_transformers_or_pyarrow():
     allowed = {ROOT / "correctness" / "attention" / "capture.py"}
     for path in sorted((ROOT / "correctness").rglob("*.py")) + sorted((ROOT / "references").rglob("*.py")):

@@ -274,6 +274,71 @@ def _register(delegate: str, attend: Callable) -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, ALL_MASK_ATTENTION_FUNCTIONS[delegate])
 
 
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception's message for a one-line error: its first line, at most `limit` characters."""
+    lines = str(error).strip().splitlines()
+    line = lines[0] if lines else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def torch_device(name: str) -> torch.device:
+    """`device` as a torch device this machine has, checked before anything is read or loaded."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise CorrectnessError(f"capture: device {name!r}: not a torch device (such as cpu, cuda, cuda:1)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CorrectnessError(f"capture: device {name} asked for, but torch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CorrectnessError(f"capture: device {name}: torch sees {torch.cuda.device_count()} CUDA devices")
+    elif device.type != "cpu":
+        try:
+            torch.empty(0, device=device)
+        except Exception as error:  # torch raises several kinds for a backend it was not built with
+            raise CorrectnessError(f"capture: device {name}: not usable here ({_first_line(error)})") from None
+    return device
+
+
+def _check_folder(folder: FilePath) -> None:
+    """The capture folder is a folder, or can be made: checked before the checkpoint loads (minutes
+    for a large model), not when the first layer is saved. Nothing is made yet."""
+    if folder.exists() and not folder.is_dir():
+        raise CaseInputError(f"capture folder {folder}: not a folder")
+    existing = next(path for path in (folder.absolute(), *folder.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise CaseInputError(f"capture folder {folder}: {existing} is a file, not a folder")
+
+
+def _make_folder(folder: FilePath) -> None:
+    """Make the capture folder and write a probe file in it (removed): a read-only folder or a full
+    disk is refused before the checkpoint loads."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".capture-probe.{os.getpid()}.tmp"
+        try:
+            probe.write_bytes(b"\n")
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as error:
+        raise CaseInputError(f"capture folder {folder}: cannot be written ({error.strerror or error})") from None
+
+
+def _check_weights(checkpoint: FilePath) -> None:
+    """Every safetensors file of the checkpoint opens (its header is read, no tensor): a truncated or
+    corrupt file is named in one line before transformers starts loading the others."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            raise CaseInputError(
+                f"checkpoint {checkpoint}: {path.name} is not a readable safetensors file ({_first_line(error)})"
+            ) from None
+
+
 def _load(checkpoint: FilePath, device: torch.device):
     from transformers import AutoModelForCausalLM
 
@@ -284,12 +349,14 @@ def _load(checkpoint: FilePath, device: torch.device):
                 f"loading straight onto {device} needs accelerate (pip install -e '.[capture]')"
             )
         placement = {"device_map": {"": str(device)}}
+    from safetensors import SafetensorError
+
     try:
         return AutoModelForCausalLM.from_pretrained(
             str(checkpoint), dtype=torch.bfloat16, attn_implementation=ATTENTION_NAME, **placement
         )
-    except OSError as error:
-        raise CaseInputError(f"checkpoint {checkpoint}: cannot be loaded ({str(error).splitlines()[0]})") from None
+    except (OSError, SafetensorError) as error:
+        raise CaseInputError(f"checkpoint {checkpoint}: cannot be loaded ({_first_line(error)})") from None
 
 
 def _check_call(layer: int, kind, query, key, kwargs) -> None:
@@ -317,8 +384,10 @@ def _save(path: FilePath, tensors: dict[str, torch.Tensor], metadata: dict[str, 
     try:
         save_file(tensors, str(temporary), metadata=metadata)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError):  # a full disk, a folder made read-only meanwhile
+            raise CaseInputError(f"capture file {path}: cannot be written ({error.strerror or error})") from None
         raise
 
 
@@ -342,25 +411,25 @@ def capture_attention(
     started = time.perf_counter()
     if delegate not in DELEGATES:
         raise CorrectnessError(f"capture: unknown attention implementation {delegate!r} (known: {DELEGATES})")
+    checkpoint, folder = FilePath(checkpoint), FilePath(folder)
+    target = torch_device(device)
+    _check_folder(folder)
     for module in ("transformers", "pyarrow"):
         if importlib.util.find_spec(module) is None:
             raise CorrectnessError(f"capture needs {module}: pip install -e '.[capture]'")
-    checkpoint, folder = FilePath(checkpoint), FilePath(folder)
     if not (checkpoint / "config.json").is_file():
         raise CaseInputError(f"checkpoint {checkpoint}: no config.json (not a Hugging Face checkpoint folder)")
     facts = load_model_facts(recipe, model_facts)
     chosen = _chosen_layers(facts, layers)
     shapes = {layer: attention_shape(recipe, facts, facts.layer_kind(layer), RECIPE_SCALE, tp_rank) for layer in chosen}
     row = read_row(recipe, rows, row_index, token_column)
-    torch_device = torch.device(device)
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise CorrectnessError(f"capture: device {device} asked for, but torch sees no CUDA device")
+    _check_weights(checkpoint)
 
     import transformers
 
     state = {"calls": 0, "left": set(chosen)}
     result = CaptureResult(folder=folder, row=row)
-    folder.mkdir(parents=True, exist_ok=True)
+    _make_folder(folder)
     common = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "model": facts.name, "model_short_name": facts.short_name,
@@ -415,7 +484,7 @@ def capture_attention(
 
     _register(delegate, attend)
     loading = time.perf_counter()
-    model = _load(checkpoint, torch_device)
+    model = _load(checkpoint, target)
     result.load_seconds = time.perf_counter() - loading
     model.eval()
     decoder = model.get_decoder()
@@ -427,18 +496,18 @@ def capture_attention(
     vocab = decoder.config.vocab_size
     if int(row.tokens.max()) >= vocab or int(row.tokens.min()) < 0:
         raise CaseInputError(f"rows file {row.path}: row {row.index} holds token ids outside a vocabulary of {vocab}")
-    if torch_device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(torch_device)
+    if target.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(target)
     try:
         with torch.inference_mode():
-            decoder(input_ids=row.tokens.to(torch_device), use_cache=False)
+            decoder(input_ids=row.tokens.to(target), use_cache=False)
     except _Stop:
         result.stopped_early = True
     if state["left"]:
         missed = sorted(state["left"])
         raise ShapeError(f"checkpoint {checkpoint}: the forward pass never called attention on layers {missed}")
-    if torch_device.type == "cuda":
-        result.peak_gpu_bytes = torch.cuda.max_memory_allocated(torch_device)
+    if target.type == "cuda":
+        result.peak_gpu_bytes = torch.cuda.max_memory_allocated(target)
     result.attention_calls = state["calls"]
     result.layers.sort(key=lambda captured: chosen.index(captured.layer))
     result.seconds = time.perf_counter() - started

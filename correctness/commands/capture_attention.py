@@ -1,9 +1,9 @@
 """Capture a trained model's attention inputs for the attention lever's checkpoint cases.
 
-usage: correctness capture-attention CHECKPOINT RECIPE.yaml --rows ROWS.parquet --out DIR
-                                     [--row N] [--layers L [L ...]] [--tp-rank R] [--device DEV]
-                                     [--attn-implementation sdpa|eager] [--token-column NAME]
-                                     [--model-facts FACTS.yaml] [--revision REV] [--json]
+    correctness capture-attention CHECKPOINT RECIPE.yaml --rows ROWS.parquet --out DIR
+                                  [--row N] [--layers L [L ...]] [--tp-rank R] [--device DEV]
+                                  [--attn-implementation sdpa|eager] [--token-column NAME]
+                                  [--model-facts FACTS.yaml] [--revision REV] [--json]
 
 Runs the Hugging Face checkpoint CHECKPOINT (loaded in BF16, forward only) over one pre-tokenized
 row of the recipe's rows file, with a capturing attention function registered in transformers'
@@ -31,8 +31,10 @@ version). The forward pass stops after the deepest chosen layer. Give DIR to the
 Needs the `capture` extra (transformers, pyarrow; accelerate to load straight onto a GPU).
 
 Exit status: 0 every layer captured; 2 bad input (a rows file whose sha256 does not match the
-recipe, a row of the wrong length, a checkpoint that does not fit the model facts), with a one-line
-message.
+recipe, a row of the wrong length, a checkpoint that does not fit the model facts, a safetensors
+file of the checkpoint that is truncated or corrupt, a --device torch does not know or this machine
+lacks, an --out that is a file or cannot be written), with a one-line message. The device and --out
+are checked before anything is read, the checkpoint's safetensors headers before it loads.
 """
 
 import argparse

@@ -5,7 +5,8 @@
 Validates the recipe against the schema, classes its changed training arguments against its
 reference (as `correctness classify`), lists the component test each numerics change needs and
 whether a result run on the recipe's GPU is attached and passing, and reads the convergence
-block. Exit status: 0 everything passes; 1 something fails or is missing; 2 bad input.
+block. Exit status: 0 everything passes; 1 something fails or is missing; 2 bad input, a recipe
+whose model has no model facts included (no verdict without them: see correctness.check.check_recipe).
 """
 
 from correctness.check import PASS, check_recipe

@@ -1,6 +1,6 @@
 """Class each training argument a tuned recipe changes against its reference recipe.
 
-usage: correctness classify CANDIDATE.yaml [--reference REFERENCE.yaml] [--rules RULES.yaml] [--json]
+    correctness classify CANDIDATE.yaml [--reference REFERENCE.yaml] [--rules RULES.yaml] [--json]
 
 Compares the train.py arguments of the candidate's `run:` script with the reference's and classes
 every changed, added or removed argument with the rules file (correctness/rules/arguments.yaml):

@@ -1,7 +1,7 @@
 """Check a candidate loss curve against a reference curve.
 
-usage: correctness converge CANDIDATE REFERENCE [--thresholds pipeline|function] [--plot PATH]
-                           [--attach RECIPE.yaml] [--json]
+    correctness converge CANDIDATE REFERENCE [--thresholds pipeline|function] [--plot PATH]
+                        [--attach RECIPE.yaml] [--json]
 
 CANDIDATE and REFERENCE are per-step losses, the format told by the extension, else by the content:
   - a Megatron/miles training log (.log, .txt, .out, .err): lines with `iteration N/` and

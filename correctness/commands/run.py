@@ -1,7 +1,7 @@
 """Run a recipe's component tests (pytest underneath, the same markers) and write their records.
 
     correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--results-dir DIR] [--workers N]
-                    [--checkpoint-cases DIR] [--model-checkpoint DIR] [-- PYTEST ARGS...]
+                    [--checkpoint-cases DIR] [--model-checkpoint DIR] [--json] [-- PYTEST ARGS...]
 
 Selects the levers for the recipe's model and GPU, with shapes taken from RECIPE.yaml. `auto` runs
 the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and the CPU tiers
@@ -9,21 +9,40 @@ otherwise (those without a GPU marker, Megatron's optimizer on the CPU included)
 (install the `parallel` extra); the workers' records are merged into one per lever. pytest prints
 its progress and, at the end, a verdict table per lever.
 
+Before any test starts it checks what would otherwise fail late: the recipe against the schema, the
+model's facts, that the results folder takes a file, and that the levers can be built from the
+recipe (a quiet collection: a shape that does not split over the recipe's TP size fails there).
+Each is refused in one line.
+
+--json: stdout holds one JSON object and nothing else (pytest's report goes to stderr):
+{"recipe", "recipe_file", "tier", "markers", "results_dir", "pytest": {"arguments", "exit_code",
+"outcome"}, "records": [{"lever", "tier", "record_id", "verdict", "cases": {status: count}, "path"}],
+"exit_status"}.
+
 Exit status: 0 every test passed or skipped; 1 a component test failed; 2 bad input or nothing ran.
 """
 
+import contextlib
 import importlib.util
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path as FilePath
+from typing import Any
 
 import pytest
 import torch
 
-from correctness.cli import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK
-from correctness.errors import CorrectnessError
+from correctness.cli import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
+from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
-from correctness.pytest_plugin import GPU_MARKERS
-from correctness.recipes import load_recipe
+from correctness.hardware import GPU_MARKERS  # not from correctness.pytest_plugin: see hardware.py
+from correctness.models import load_model
+from correctness.recipes import load_recipe, validate_recipe
 
 COMPONENT_TESTS = FIXTURES_DIR.parent / "component_tests"
+RESULTS = FIXTURES_DIR.parent / "results"  # the plugin's default, <rootdir>/results
 # Everything that runs without a GPU: the CPU tiers, and Megatron's own optimizer on the CPU (marked
 # `megatron` alone; it skips with the reason where megatron-core is not installed).
 CPU_TIER = "not gpu and not te and not " + " and not ".join(GPU_MARKERS)
@@ -33,8 +52,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE.yaml")
     parser.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument("--results-dir", help="where the records go (default: results/ beside the tests)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="pytest-xdist workers (default: one per GPU where there are several)")
+    parser.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
+                        help="pytest-xdist workers, 0 or more (default: one per GPU where there are several)")
     parser.add_argument("--checkpoint-cases", help="folder of captured attention inputs")
     parser.add_argument("--model-checkpoint", help="the model's Hugging Face checkpoint folder")
 
@@ -48,24 +67,145 @@ def markers(recipe, tier: str) -> str:
     return f"gpu or {own}" if own in GPU_MARKERS else "gpu"
 
 
+def writable_folder(path: FilePath) -> FilePath:
+    """The results folder, made if missing, once a probe file was written in it and removed: a
+    folder the records cannot go to (read-only, a file in its place, a full disk) is refused before
+    the tests run, where the plugin would find it only after the last one."""
+    label = f"results folder {path}"
+    if path.exists() and not path.is_dir():
+        raise CorrectnessError(f"{label}: not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(prefix=".correctness-probe-", dir=path)
+        try:
+            os.write(descriptor, b"\n")
+        finally:
+            os.close(descriptor)
+            os.unlink(probe)
+    except OSError as error:
+        raise CorrectnessError(f"{label}: cannot be written ({error.strerror or error})") from None
+    return path
+
+
+class _Collection:
+    """pytest plugin for the quiet collection before the run. The plugin builds each test's levers
+    from the recipe at collection (pytest_generate_tests), so a recipe they cannot use fails there,
+    as a collection error with a traceback among pytest's report: this keeps the CorrectnessError
+    of each such collector, for one line before any test starts."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.selected = 0
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector):
+        report = yield
+        call = getattr(report, "call", None)  # pytest's own report carries it (see collect_one_node)
+        error = call.excinfo.value if call is not None and call.excinfo is not None else None
+        if isinstance(error, CorrectnessError):
+            self.errors.append(str(error))
+        return report
+
+    def pytest_collection_finish(self, session) -> None:
+        self.selected = len(session.items)
+
+
+class _Summary:
+    """pytest plugin for --json: the records the session wrote."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[dict, FilePath]] = []
+
+    def pytest_unconfigure(self, config) -> None:
+        # Imported here, once pytest has imported (and assertion-rewritten) the plugin itself.
+        from correctness.pytest_plugin import written_records
+
+        self.records = written_records(config)
+
+
+@contextlib.contextmanager
+def _report_to_stderr(active: bool):
+    """With --json, stdout carries the JSON alone: meanwhile pytest's report, and whatever a test
+    writes, even to the file descriptor, go to stderr."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _record_summary(record: dict[str, Any], path: FilePath) -> dict[str, Any]:
+    cases: dict[str, int] = {}
+    for case in record.get("cases", []):
+        cases[case.get("status")] = cases.get(case.get("status"), 0) + 1
+    lever = record.get("lever", {})
+    return {"lever": lever.get("name"), "tier": lever.get("tier"), "record_id": lever.get("record_id"),
+            "verdict": record.get("verdict"), "cases": cases, "path": str(path)}
+
+
 def run(args) -> int:
     recipe = load_recipe(args.recipe)
-    command = [str(COMPONENT_TESTS), "--recipe", str(args.recipe), "-m", markers(recipe, args.tier), "-rs"]
-    for option in ("results_dir", "checkpoint_cases", "model_checkpoint"):
+    validate_recipe(recipe.data, recipe.id)
+    try:
+        load_model(recipe.model)
+    except RecipeError as error:
+        raise RecipeError(f"recipe {recipe.id}: {error}") from None
+    results = writable_folder(FilePath(args.results_dir) if args.results_dir else RESULTS)
+    selection = markers(recipe, args.tier)
+    selected = [str(COMPONENT_TESTS), "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
+    for option in ("checkpoint_cases", "model_checkpoint"):
         value = getattr(args, option)
         if value:
-            command += [f"--{option.replace('_', '-')}", value]
+            selected += [f"--{option.replace('_', '-')}", value]
+    command = [*selected, "-rs"]
     workers = args.workers if args.workers is not None else (torch.cuda.device_count() if args.tier != "cpu" else 0)
-    if workers and workers > 1:
+    if workers > 1:
         if importlib.util.find_spec("xdist") is None:
             raise CorrectnessError(f"{workers} workers need pytest-xdist: pip install -e '.[parallel]'")
         command += ["-n", str(workers)]
-    print(f"correctness run {recipe.id}: pytest {' '.join(command)}", flush=True)
-    status = pytest.main(command + list(args.passthrough))
-    if status == pytest.ExitCode.OK:
-        return EXIT_OK
-    if status == pytest.ExitCode.TESTS_FAILED:
-        return EXIT_FAIL
+
+    collection = _Collection()
+    with contextlib.redirect_stdout(io.StringIO()):  # quiet: its report is the run's to print
+        collected = pytest.main([*selected, "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[collection])
+    if collection.errors:
+        more = f" (and {len(collection.errors) - 1} more)" if len(collection.errors) > 1 else ""
+        raise CorrectnessError(
+            f"recipe {args.recipe}: the component tests cannot be built: {collection.errors[0]}{more}"
+        )
+    if collected == pytest.ExitCode.NO_TESTS_COLLECTED:
+        raise CorrectnessError(f"no component test selected for {recipe.model} on {recipe.gpu} ({selection})")
+
+    summary = _Summary()
+    with _report_to_stderr(args.json):
+        print(f"correctness run {recipe.id}: pytest {' '.join(command)}", flush=True)
+        status = pytest.main(command + list(args.passthrough), plugins=[summary])
+    try:
+        status = pytest.ExitCode(status)
+    except ValueError:  # a plugin's own exit code
+        pass
+    code = {pytest.ExitCode.OK: EXIT_OK, pytest.ExitCode.TESTS_FAILED: EXIT_FAIL}.get(status, EXIT_BAD_INPUT)
     if status == pytest.ExitCode.NO_TESTS_COLLECTED:
-        print(f"correctness run: no component test selected for {recipe.model} on {recipe.gpu}")
-    return EXIT_BAD_INPUT
+        print(f"correctness run: no component test selected for {recipe.model} on {recipe.gpu}"
+              f" by the arguments after --: {' '.join(args.passthrough)}", file=sys.stderr)
+    elif code == EXIT_BAD_INPUT:
+        outcome = status.name.lower().replace("_", " ") if isinstance(status, pytest.ExitCode) else "a plugin's code"
+        print(f"correctness run: pytest stopped ({outcome}, exit status {int(status)}); see its report above",
+              file=sys.stderr)
+    if args.json:
+        emit(args, [], {
+            "recipe": recipe.id, "recipe_file": str(args.recipe), "tier": args.tier, "markers": selection,
+            "results_dir": str(results),
+            "pytest": {"arguments": command + list(args.passthrough), "exit_code": int(status),
+                       "outcome": status.name.lower() if isinstance(status, pytest.ExitCode) else None},
+            "records": [_record_summary(record, path) for record, path in summary.records],
+            "exit_status": code,
+        })
+    return code
