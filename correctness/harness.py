@@ -11,10 +11,11 @@ A refusal (PathUnavailable) skips the case; any other exception, from making the
 or a comparison, fails it with the exception's message: a verdict is evidence or nothing.
 """
 
+import contextlib
 import datetime
 import time
 from dataclasses import dataclass, field, replace
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -162,9 +163,28 @@ def _kernel_failures(lever: Lever, case: Case, candidate: Judgement, default: Pa
     return failures, same_kernel
 
 
+@contextlib.contextmanager
+def _cpu_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` for the duration (None: left as they are)."""
+    if threads is None:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def run_case(lever: Lever, case: Case) -> CaseResult:
     """Run one case of a lever and decide it: "pass", "fail", "no kernel change", or "skip" where
     the case or a backend refuses it."""
+    with _cpu_threads(lever.cpu_threads):
+        return _run_case(lever, case)
+
+
+def _run_case(lever: Lever, case: Case) -> CaseResult:
     started = time.perf_counter()
     if case.skip_reason:
         return _not_judged(case, started, skip_reason=case.skip_reason)

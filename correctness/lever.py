@@ -151,6 +151,9 @@ class Lever:
     # which the candidate ran the same backend as the default is "no kernel change", which must be
     # bitwise identical to the default and is never counted as evidence for another kernel.
     compares_kernels: bool = False
+    # torch's CPU threads while a case runs (None: torch's default). A lever of many small tensors
+    # (the optimizer's units) gains nothing from a second thread and spends twice the CPU on it.
+    cpu_threads: int | None = None
 
     def __post_init__(self):
         if self.rule != DEFAULT_RULE and not self.rule_reason:

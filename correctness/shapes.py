@@ -2,7 +2,8 @@
 
 The recipe scale is the shape one GPU of the recipe sees. The smoke scale keeps what can go wrong
 visible on a CPU: the same head dims, GQA ratio, softmax scale, window and layer kinds, with two
-key-value groups and a sequence still longer than the window.
+key-value groups; a windowed kind's sequence is its window and 256 tokens more (so that 256
+queries see a full window with keys beyond its edge), the others' 1,024 tokens.
 """
 
 import math
@@ -23,11 +24,15 @@ class Scale:
     name: str
     kv_groups: int | None = None  # None: the recipe's rank-local groups
     seq_len: int | None = None  # None: the recipe's row_tokens
+    # Windowed kinds: the sequence is the window and this many tokens more (None: seq_len as for the
+    # others). Attention cost grows with the sequence squared: a window kind needs only to be longer
+    # than its window, not as long as the longest sequence a case has.
+    past_window: int | None = None
     rows: int | None = None  # None: the recipe's rows per microbatch
 
 
 RECIPE_SCALE = Scale(name="recipe")
-SMOKE_SCALE = Scale(name="smoke", kv_groups=2, seq_len=2048, rows=1)
+SMOKE_SCALE = Scale(name="smoke", kv_groups=2, seq_len=1024, past_window=256, rows=1)
 SCALES = {scale.name: scale for scale in (RECIPE_SCALE, SMOKE_SCALE)}
 
 
@@ -99,7 +104,7 @@ class AttentionShape:
 
     @property
     def id(self) -> str:
-        """Readable and stable: gemma4-31b-sliding-s2048-h4-g2-d256-w1024-bf16."""
+        """Readable and stable: gemma4-31b-sliding-s1280-h4-g2-d256-w1024-bf16."""
         rows = "" if self.batch == 1 else f"-b{self.batch}{self.qkv_format}"
         return (
             f"{self.model}-{self.layer_kind}-s{self.seq_len}{rows}-h{self.heads}-g{self.groups}"
@@ -142,6 +147,8 @@ def attention_shape(
     gqa_ratio = facts.query_heads // tp // rank_groups
     groups = rank_groups if scale.kv_groups is None else min(rank_groups, scale.kv_groups)
     seq_len = scale.seq_len or recipe.row_tokens
+    if facts.window is not None and scale.past_window is not None:
+        seq_len = facts.window + scale.past_window
     window = None if facts.window is None else (facts.window - 1, 0)
     if window is not None and seq_len <= facts.window:
         raise ShapeError(

@@ -396,6 +396,31 @@ def test_an_optional_case_that_skips_leaves_the_verdict_alone_and_a_required_one
     assert record.completeness.required_skipped == (required.id,)
 
 
+@dataclass
+class SeesThreads:
+    """`base`, noting torch's CPU threads while it runs."""
+
+    base: Any
+    seen: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        self.seen.append(torch.get_num_threads())
+        return self.base.run(inputs)
+
+
+def test_a_lever_may_run_its_cases_on_a_given_number_of_threads():
+    before = torch.get_num_threads()
+    candidate = SeesThreads(CANDIDATE)
+    lever = toy_lever(candidate=candidate, controls=(doubled_inputs_control(candidate),), cpu_threads=1)
+    assert run_case(lever, toy_case(0)).status == "pass"
+    assert set(candidate.seen) == {1}
+    assert torch.get_num_threads() == before
+
+
 # run_lever and the lever verdict
 
 
@@ -527,8 +552,8 @@ def test_a_failed_write_keeps_the_old_record_and_leaves_no_temporary_file(tmp_pa
     def refuse(source, target):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results_module.os, "replace", refuse)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr("correctness.files.os.replace", refuse)
+    with pytest.raises(CorrectnessError, match=r"result record .*: cannot be written \(disk full\)$"):
         write_record(record, tmp_path)
     assert path.read_bytes() == before
     assert list(path.parent.iterdir()) == [path]

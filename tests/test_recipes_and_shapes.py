@@ -283,9 +283,15 @@ def test_a_scale_caps_the_groups_at_what_one_rank_has(gemma_recipe, gemma):
 def test_smoke_case_ids_are_readable(gemma_recipe, gemma):
     ids = [attention_shape(gemma_recipe, gemma, kind, SMOKE_SCALE).id for kind in ("sliding", "global")]
     assert ids == [
-        "gemma4-31b-sliding-s2048-h4-g2-d256-w1024-bf16",
-        "gemma4-31b-global-s2048-h16-g2-d512-nowin-bf16",
+        "gemma4-31b-sliding-s1280-h4-g2-d256-w1024-bf16",
+        "gemma4-31b-global-s1024-h16-g2-d512-nowin-bf16",
     ]
+
+
+def test_a_windowed_kind_at_the_smoke_scale_is_its_window_and_some_more(gemma_recipe, gemma):
+    sliding = attention_shape(gemma_recipe, gemma, "sliding", SMOKE_SCALE)
+    assert sliding.seq_len == sliding.window[0] + 1 + SMOKE_SCALE.past_window
+    assert attention_shape(gemma_recipe, gemma, "global", SMOKE_SCALE).seq_len == SMOKE_SCALE.seq_len
 
 
 def test_case_ids_are_stable_across_loads(gemma):

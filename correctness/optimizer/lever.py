@@ -298,6 +298,7 @@ def offload_lever(
         ),
         secondary_references=(join(Fp64AdamW(fp32_hyperparameters=True)),),
         summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
+        cpu_threads=1 if device == "cpu" else None,  # blocks of at most 2.1M elements: one thread is as fast
     )
 
 
