@@ -75,8 +75,20 @@ def pytest_configure(config):
     config.stash[_RUNS] = {}
     worker = getattr(config, "workerinput", None)  # set in pytest-xdist workers
     config.stash[_RUN_TOKEN] = worker["correctness_run"] if worker else uuid.uuid4().hex
+    if worker:
+        share_cpu_threads(int(worker.get("workercount", 1)))
     if worker and torch.cuda.is_available():
         torch.cuda.set_device(int(worker["workerid"].removeprefix("gw")) % torch.cuda.device_count())
+
+
+def share_cpu_threads(workers: int) -> None:
+    """pytest-xdist workers on one machine share its cores: each runs torch on cores / workers
+    threads (at least one), where OMP_NUM_THREADS does not say otherwise. Without this every worker
+    would start a thread per core, and two workers on two cores would run four."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // max(1, workers)))
 
 
 @pytest.hookimpl(optionalhook=True)

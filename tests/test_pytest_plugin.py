@@ -268,3 +268,18 @@ def test_strict_markers_still_refuses_an_unknown_marker(pytester):
     result = run(pytester, "--strict-markers")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*'h300' not found in `markers` configuration option*"])
+
+
+@pytest.mark.parametrize(("cores", "workers", "threads"), [(2, 2, 1), (16, 2, 8), (2, 4, 1), (8, 1, 8)])
+def test_xdist_workers_share_the_cores(monkeypatch, cores, workers, threads):
+    from correctness import pytest_plugin
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(pytest_plugin.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    chosen = []
+    monkeypatch.setattr(pytest_plugin.torch, "set_num_threads", chosen.append)
+    pytest_plugin.share_cpu_threads(workers)
+    assert chosen == [threads]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    pytest_plugin.share_cpu_threads(workers)
+    assert chosen == [threads]  # the user's setting stands
