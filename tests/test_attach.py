@@ -6,23 +6,20 @@ import json
 import os
 import shutil
 
-from dataclasses import dataclass
-
 import pytest
-import torch
 
-from correctness import Case, Control, Lever, Mutated, PathOutput, run_case
 from correctness.attach import ENTRY_FIELDS, attach, component_test_entry
 from correctness.attention import lever as attention
 from correctness.cli import main
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR, recipe_path
-from correctness.harness import build_record, run_lever
+from correctness.harness import run_lever
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
 from correctness.check import check_recipe
 from correctness.recipes import load_document, load_recipe, recipe_text, write_recipe
 from correctness.results import write_record
+from toy_records import toy_case, toy_record
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
@@ -142,38 +139,6 @@ def test_a_record_that_cannot_be_attached_leaves_the_recipe_untouched(records, g
         attach(gemma_copy, [records["attention-backend"], bad])
     assert gemma_copy.read_bytes() == before
     assert sorted(os.listdir(gemma_copy.parent)) == sorted(["gemma.yaml", bad.name])
-
-
-@dataclass(frozen=True)
-class Sum:
-    """Toy path: row sums of BF16 values accumulated in `dtype`."""
-
-    name: str
-    dtype: torch.dtype
-
-    def run(self, inputs):
-        return PathOutput(tensors={"sums": inputs.to(self.dtype).sum(-1).float()}, backend=self.name)
-
-
-def toy_case(seed, **changes):
-    def make_inputs(device):
-        return torch.rand(4, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-
-    return Case(**{"id": f"sums-seed{seed}", "shape": "4 x 64", "seed": seed, "source": "synthetic",
-                   "variant": "uniform", "make_inputs": make_inputs, **changes})
-
-
-def toy_record(tmp_path, cases, run=None):
-    """The record of a toy lever (generic wording) for the Gemma recipe, of the cases `run` (default all)."""
-    candidate = Sum("fp32 sums", torch.float32)
-    lever = Lever(
-        name="toy-sums", version=1, tier="cpu", description="toy sums", recipe=load_recipe(recipe_path(GEMMA)).ref,
-        device="cpu", cases=tuple(cases), candidate=candidate, default=Sum("bf16 sums", torch.bfloat16),
-        reference=Sum("fp64 sums", torch.float64),
-        controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
-    )
-    ran = [run_case(lever, case) for case in (lever.cases if run is None else run)]
-    return write_record(build_record(lever, ran, started="2026-12-01T00:00:00+00:00", seconds=1.0), tmp_path)
 
 
 def test_an_incomplete_record_is_attached_as_incomplete(gemma_copy, tmp_path):

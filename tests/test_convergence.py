@@ -370,8 +370,20 @@ def test_the_format_from_the_content_where_the_extension_says_nothing(tmp_path, 
     ("losses.json", "[]", "no losses"),
     ("losses.json", "[2.5,", "not valid JSON"),
     ("losses.dat", "hello\n", "cannot tell the format"),
+    # steps past int64, in every format
+    ("losses.json", '{"1": 2.0, "9223372036854775808": 2.1}', "key '9223372036854775808': step '9223372036854775808' "
+                                                               "is outside 0 to 9223372036854775807 (int64)"),
+    ("losses.json", '[{"step": 1, "loss": 2.0}, {"step": 1e20, "loss": 2.1}]', "item 1: step 1e+20 is outside"),
+    ("losses.json", '[{"step": -1, "loss": 2.0}]', "item 0: step -1 is outside"),
+    ("losses.csv", "step,loss\n1,2.0\n99999999999999999999,2.1\n", "line 3: step '99999999999999999999' is outside"),
+    ("run.log", " iteration 99999999999999999999/ 100 | lm loss: 2.0 |\n", "line 1: step '99999999999999999999' is"
+                                                                            " outside"),
+    ("run.log", f" iteration {'9' * 5000}/ 100 | lm loss: 2.0 |\n", f"line 1: step '{'9' * 36}... is outside"),
+    ("losses.json", "[{\"step\": " + "9" * 5000 + ", \"loss\": 2.0}]", "not valid JSON"),
 ], ids=["log-without-losses", "log-non-numeric", "csv-empty", "csv-header-only", "csv-no-header", "csv-non-numeric",
-        "csv-fractional-step", "json-string", "json-null", "json-empty", "json-invalid", "unknown"])
+        "csv-fractional-step", "json-string", "json-null", "json-empty", "json-invalid", "unknown",
+        "int64-json-key", "int64-json-float", "negative-json-step", "int64-csv", "int64-log", "log-5000-digits",
+        "json-5000-digits"])
 def test_bad_input_is_one_line_naming_the_file(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)

@@ -19,22 +19,19 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
-from correctness import Case, Control, Lever, Mutated, PathOutput, run_case
 from correctness.attach import attach, attach_convergence
 from correctness.classify import load_reference
 from correctness.cli import EXIT_BAD_INPUT, main
 from correctness.convergence import read_curve
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import recipe_path
-from correctness.harness import build_record
 from correctness.recipes import load_document, load_recipe, recipe_text, validate_recipe, write_recipe
 from correctness.results import read_record, write_record
+from toy_records import toy_record
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 BOM = b"\xef\xbb\xbf"
@@ -43,41 +40,10 @@ BOM = b"\xef\xbb\xbf"
 # Toy records
 
 
-@dataclass(frozen=True)
-class Sum:
-    """Toy path: row sums of BF16 values accumulated in `dtype`."""
-
-    name: str
-    dtype: torch.dtype
-
-    def run(self, inputs):
-        return PathOutput(tensors={"sums": inputs.to(self.dtype).sum(-1).float()}, backend=self.name)
-
-
-def _inputs(device):
-    return torch.rand(4, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-
-
-def toy_record(folder: Path, name: str, recipe=None) -> Path:
-    """A passing record of a toy lever `name` (its entry's test: "toy sums NAME") for `recipe`."""
-    candidate = Sum("fp32 sums", torch.float32)
-    lever = Lever(
-        name=f"toy-{name}", version=1, tier="cpu", description=f"toy sums {name}",
-        recipe=(recipe or load_recipe(recipe_path(GEMMA))).ref, device="cpu",
-        cases=(Case(id="sums-seed0", shape="4 x 64", seed=0, source="synthetic", variant="uniform",
-                    make_inputs=_inputs),),
-        candidate=candidate, default=Sum("bf16 sums", torch.bfloat16), reference=Sum("fp64 sums", torch.float64),
-        controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
-    )
-    record = build_record(lever, [run_case(lever, case) for case in lever.cases],
-                          started="2026-12-01T00:00:00+00:00", seconds=1.0)
-    return write_record(record, folder)
-
-
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     folder = tmp_path_factory.mktemp("records")
-    return {name: toy_record(folder, name) for name in ("a", "b")}
+    return {name: toy_record(folder, name=name) for name in ("a", "b")}
 
 
 @pytest.fixture
@@ -440,26 +406,6 @@ def test_steps_far_apart_are_counted_not_listed(tmp_path):
     assert "steps missing from both curves (logging every 1): 3, 4, 5, 6, 7, 8, 9, 10 and 199,999,989 more" \
         in figures["detail"]
     assert figures["seconds"] < 1.0 and figures["peak"] < 10 * 2**20, figures
-
-
-@pytest.mark.parametrize(("name", "text", "complaint"), [
-    ("losses.json", '{"1": 2.0, "9223372036854775808": 2.1}', "key '9223372036854775808': step '9223372036854775808' "
-                                                               "is outside 0 to 9223372036854775807 (int64)"),
-    ("losses.json", '[{"step": 1, "loss": 2.0}, {"step": 1e20, "loss": 2.1}]', "item 1: step 1e+20 is outside"),
-    ("losses.json", '[{"step": -1, "loss": 2.0}]', "item 0: step -1 is outside"),
-    ("losses.csv", "step,loss\n1,2.0\n99999999999999999999,2.1\n", "line 3: step '99999999999999999999' is outside"),
-    ("run.log", " iteration 99999999999999999999/ 100 | lm loss: 2.0 |\n", "line 1: step '99999999999999999999' is"
-                                                                            " outside"),
-    ("run.log", f" iteration {'9' * 5000}/ 100 | lm loss: 2.0 |\n", f"line 1: step '{'9' * 36}... is outside"),
-    ("losses.json", "[{\"step\": " + "9" * 5000 + ", \"loss\": 2.0}]", "not valid JSON"),
-], ids=["json-key", "json-float", "json-negative", "csv", "log", "log-5000-digits", "json-5000-digits"])
-def test_a_step_past_int64_is_one_line(tmp_path, name, text, complaint):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(CorrectnessError) as refused:
-        read_curve(path)
-    assert str(refused.value).startswith(str(path)) and complaint in str(refused.value)
-    assert "\n" not in str(refused.value)
 
 
 class _Alarm:
