@@ -55,6 +55,16 @@ def _sum_sq(x: torch.Tensor) -> float:
     return torch.linalg.vector_norm(x).item() ** 2
 
 
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index of element `flat` of a contiguous tensor of `shape` (torch.unravel_index, without
+    its cost per call, which dominates on the optimizer's many small tensors)."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
 def relative_l2_error(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, str]:
     """||x - ref|| / ||ref|| in FP64, or ||x - ref|| with kind "absolute" where ref is all zeros."""
     ref64 = ref.to(torch.float64)
@@ -200,8 +210,7 @@ class TensorAccumulator:
         distance = judged_diff.abs_()
         if not (judged_finite and base.nonfinite is None):
             distance = torch.where(torch.isfinite(distance), distance, math.inf)
-        flat = int(torch.argmax(distance))
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), judged.shape))
+        index = _unravel(int(torch.argmax(distance)), judged.shape)
         if float(distance[index]) > self.worst_distance:
             self.worst_distance = float(distance[index])
             self.worst = WorstElement(

@@ -412,6 +412,28 @@ class SeesThreads:
         return self.base.run(inputs)
 
 
+def denormals_survive() -> bool:
+    tiny = torch.tensor([1e-39], dtype=torch.float32)  # below FP32's smallest normal, 1.18e-38
+    return bool((tiny * 1.0).item() != 0.0)
+
+
+class SeesDenormals(SeesThreads):
+    def run(self, inputs: torch.Tensor) -> PathOutput:
+        self.seen.append(denormals_survive())
+        return self.base.run(inputs)
+
+
+def test_a_cpu_case_runs_with_denormals_flushed_and_restores_them_after():
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals (no SSE3)")
+    assert denormals_survive()
+    candidate = SeesDenormals(CANDIDATE)
+    lever = toy_lever(candidate=candidate, controls=(doubled_inputs_control(candidate),))
+    assert run_case(lever, toy_case(0)).status == "pass"
+    assert set(candidate.seen) == {False}
+    assert denormals_survive()
+
+
 def test_a_lever_may_run_its_cases_on_a_given_number_of_threads():
     before = torch.get_num_threads()
     candidate = SeesThreads(CANDIDATE)

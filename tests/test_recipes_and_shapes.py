@@ -284,7 +284,7 @@ def test_smoke_case_ids_are_readable(gemma_recipe, gemma):
     ids = [attention_shape(gemma_recipe, gemma, kind, SMOKE_SCALE).id for kind in ("sliding", "global")]
     assert ids == [
         "gemma4-31b-sliding-s1280-h4-g2-d256-w1024-bf16",
-        "gemma4-31b-global-s1024-h16-g2-d512-nowin-bf16",
+        "gemma4-31b-global-s768-h16-g2-d512-nowin-bf16",
     ]
 
 
