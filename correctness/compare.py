@@ -2,7 +2,14 @@
 
 err(x) = ||x - ref||_2 / ||ref||_2, computed in FP64. Where the reference is all zeros the error
 is the absolute norm ||x - ref||_2 and `error_kind` says so. The judged output passes where
-err(judged) <= rule.bound(err(default)); NaN or Inf anywhere never passes.
+err(judged) <= rule.bound(err(default)), for the tensor as a whole and, where the lever declares a
+`Slicing`, for every slice of it (a block of query rows of one head) on the slice's own errors: an
+error confined to 64 of 2,048 rows is diluted in the whole but not in its slice. NaN or Inf
+anywhere never passes.
+
+Beside the rule, a diagnostic (rule.py says why): the error's scale slope <e, ref> / <ref, ref>
+and its mean offset, for the judged output and the default, whole and per slice; `systematic`
+where the judged output's exceed the rule's systematic threshold.
 
 A tensor may arrive in pieces (consecutive blocks along its first dimension, as a streamed lever
 delivers them): `TensorAccumulator` keeps running sums, so the figures are those of the whole
@@ -14,9 +21,44 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from correctness.errors import ComparisonError
 from correctness.rule import Rule
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slicing:
+    """Judge a tensor [..., positions, heads, features] by slices as well: each head, and blocks of
+    `block` positions (query rows for `out` and `dq`, keys for `dk` and `dv`), each leading index
+    (a batch row) apart. A tensor of fewer than three dimensions is judged whole only. A slice's
+    errors are relative to the larger of its reference's norm and the norm a slice of its size
+    has on average in the tensor."""
+
+    block: int = 128
+
+    def __post_init__(self):
+        if self.block < 1:
+            raise ValueError(f"slicing: block must be at least 1, got {self.block}")
+
+    def applies(self, x: torch.Tensor) -> bool:
+        return x.dim() >= 3
+
+    def sums(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-slice sums of x: [..., blocks, heads]."""
+        positions = x.shape[-3]
+        padded = F.pad(x, (0, 0, 0, 0, 0, -positions % self.block))
+        blocks = padded.reshape(*x.shape[:-3], -1, self.block, *x.shape[-2:])
+        return blocks.sum(dim=(-1, -3))
+
+    def label(self, index: tuple[int, ...], positions: int) -> str:
+        *leading, block, head = index
+        first = block * self.block
+        where = f"positions {first}-{min(first + self.block, positions) - 1}, head {head}"
+        return ", ".join([*(f"index {i} of dim {d}" for d, i in enumerate(leading)), where])
+
+    def describe(self) -> str:
+        return f"per head and per {self.block} positions"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +69,44 @@ class WorstElement:
     judged: float
     default: float
     reference: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Systematic:
+    """The scale slope <e, ref> / <ref, ref> and the mean offset mean(e) / rms(ref) of the judged
+    output's error and of the default's, the thresholds they are held to (rule.py), and the flag."""
+
+    slope: float
+    default_slope: float
+    slope_threshold: float  # the smallest |slope| flagged: the scale bias this case resolves
+    offset: float
+    default_offset: float
+    offset_threshold: float
+    flagged: bool
+
+    @property
+    def over_threshold(self) -> float:
+        """The larger of |slope| / its threshold and |offset| / its threshold (above 1: flagged)."""
+        return max(abs(self.slope) / self.slope_threshold, abs(self.offset) / self.offset_threshold)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceComparison:
+    """A tensor judged slice by slice: how many slices, how many fail, the worst by error/bound and
+    the worst by systematic error, each with its index and label."""
+
+    scheme: str
+    count: int
+    failing: int
+    worst_index: tuple[int, ...]
+    worst: str
+    error: float
+    default_error: float
+    bound: float
+    error_over_bound: float
+    systematic_flagged: int
+    systematic_worst: str
+    systematic: Systematic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,18 +121,21 @@ class TensorComparison:
     bound: float  # rule.bound(default_error)
     ratio: float | None  # error / default_error; None where the default is exact
     margin: float  # bound - error: positive within the bound
-    error_over_bound: float  # error / bound: above 1 outside the bound
+    whole_error_over_bound: float  # error / bound: above 1 outside the bound
+    error_over_bound: float  # the larger of the whole tensor's and its worst slice's error / bound
     bias: float  # signed mean error, mean(x - ref) / rms(ref) (absolute where ref is zero)
     default_bias: float
-    passes: bool
+    systematic: Systematic  # of the whole tensor
+    slices: SliceComparison | None  # where the lever slices this tensor
+    passes: bool  # whole and every slice within the bound, and all finite
     slack_only: bool  # passes, but only thanks to the rule's slack
     bitwise_identical: bool  # judged and default outputs are equal bit for bit
     worst: WorstElement
     nonfinite: str | None  # where NaN or Inf was found, if anywhere
 
-
-def _sum_sq(x: torch.Tensor) -> float:
-    return torch.linalg.vector_norm(x).item() ** 2
+    @property
+    def systematic_flagged(self) -> bool:
+        return self.systematic.flagged or (self.slices is not None and self.slices.systematic_flagged > 0)
 
 
 def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
@@ -117,47 +200,102 @@ def check_same_layout(name: str, judged: torch.Tensor, default: torch.Tensor, re
         )
 
 
+@dataclass
+class Moments:
+    """Sums over an error e = x - ref, whole (0-d tensors) or per slice: sum e^2, sum e ref, sum e."""
+
+    sq: torch.Tensor
+    dot: torch.Tensor
+    total: torch.Tensor
+
+    @staticmethod
+    def of(error: torch.Tensor, ref64: torch.Tensor, reduce) -> "Moments":
+        return Moments(sq=reduce(error * error), dot=reduce(error * ref64), total=reduce(error))
+
+    def add(self, other: "Moments", concatenate: bool) -> None:
+        for name in ("sq", "dot", "total"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, torch.cat((mine, theirs)) if concatenate else mine + theirs)
+
+
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    return x.sum()
+
+
 @dataclass(frozen=True)
 class Baseline:
     """The reference and the default of one piece, reduced once and shared by every output judged
-    against them: the reference in FP64, and the sums the bound needs."""
+    against them: the reference in FP64, the reference's and the default error's sums, whole and
+    per slice."""
 
     reference: torch.Tensor  # FP64
     default: torch.Tensor
-    reference_sq: float
-    default_sq: float
-    default_sum: float
+    reference_sq: torch.Tensor
+    count: int
+    default_moments: Moments
+    slice_reference_sq: torch.Tensor | None
+    slice_count: torch.Tensor | None
+    slice_default: Moments | None
     nonfinite: str | None
 
 
-def _sum_sq_checked(x: torch.Tensor) -> tuple[float, bool]:
-    """Sum of squares in FP64, and whether every element was finite (NaN and Inf reach the sum)."""
-    total = _sum_sq(x)
-    return total, math.isfinite(total)
-
-
-def baseline(name: str, default: torch.Tensor, reference: torch.Tensor, offset: int = 0) -> Baseline:
+def baseline(
+    name: str, default: torch.Tensor, reference: torch.Tensor, offset: int = 0, slicing: Slicing | None = None
+) -> Baseline:
     if default.shape != reference.shape:
         raise ComparisonError(
             f"tensor {name}: outputs are {tuple(default.shape)} but the reference is {tuple(reference.shape)}"
         )
     ref64 = reference.to(torch.float64)
-    reference_sq, reference_finite = _sum_sq_checked(ref64)
-    default_diff = default.to(torch.float64) - ref64
-    default_sq, default_finite = _sum_sq_checked(default_diff)
+    default_error = default.to(torch.float64) - ref64
+    sliced = slicing is not None and slicing.applies(ref64)
+    ref_sq = ref64 * ref64
+    moments = Moments.of(default_error, ref64, _whole)
     nonfinite = None
-    if not (reference_finite and default_finite):
+    if not (math.isfinite(ref_sq.sum().item()) and math.isfinite(moments.sq.item())):
         nonfinite = nonfinite_report("reference", name, reference, offset) or nonfinite_report(
             "default", name, default, offset
         )
     return Baseline(
         reference=ref64,
         default=default,
-        reference_sq=reference_sq,
-        default_sq=default_sq,
-        default_sum=default_diff.sum().item(),
+        reference_sq=ref_sq.sum(),
+        count=reference.numel(),
+        default_moments=moments,
+        slice_reference_sq=slicing.sums(ref_sq) if sliced else None,
+        slice_count=slicing.sums(torch.ones_like(ref64)) if sliced else None,
+        slice_default=Moments.of(default_error, ref64, slicing.sums) if sliced else None,
         nonfinite=nonfinite,
     )
+
+
+def _rest(moments: Moments, reference_sq, count):
+    """The relative size of an error's rest: what is left of sum e^2 once its projections on the
+    reference (the slope) and on the constant (the offset) are taken out."""
+    rest_sq = moments.sq - moments.dot**2 / reference_sq - moments.total**2 / count
+    return (rest_sq.clamp(min=0.0) / reference_sq).sqrt()
+
+
+def _systematic(
+    rule: Rule, dtype: torch.dtype, judged: tuple[float, float], default: tuple[float, float], rest: float, count: int
+) -> Systematic:
+    """Slopes and offsets (judged, default) against their thresholds; `rest`: the judged error's
+    relative size once its slope and offset are taken out, whose scatter the threshold allows."""
+    floating = dtype if dtype.is_floating_point else torch.float32
+    rest = rest if math.isfinite(rest) else 0.0
+    slope_threshold = rule.systematic_threshold(default[0], floating, rest, count)
+    offset_threshold = rule.systematic_threshold(default[1], floating, rest, count)
+    flagged = not (abs(judged[0]) <= slope_threshold and abs(judged[1]) <= offset_threshold)
+    return Systematic(
+        slope=judged[0], default_slope=default[0], slope_threshold=slope_threshold,
+        offset=judged[1], default_offset=default[1], offset_threshold=offset_threshold, flagged=flagged,
+    )
+
+
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """numerator / denominator where the denominator is positive, else the numerator (the absolute
+    figure, as for an all-zero reference)."""
+    return torch.where(denominator > 0, numerator / torch.where(denominator > 0, denominator, 1.0), numerator)
 
 
 @dataclass
@@ -166,17 +304,20 @@ class TensorAccumulator:
 
     name: str
     rule: Rule
+    slicing: Slicing | None = None
     pieces: int = 0
     rows: int = 0
     trailing: tuple[int, ...] = ()
     scalar: bool = False
     dtype: torch.dtype | None = None
-    judged_sq: float = 0.0
-    default_sq: float = 0.0
     reference_sq: float = 0.0
-    judged_sum: float = 0.0
-    default_sum: float = 0.0
     count: int = 0
+    judged: Moments | None = None
+    default: Moments | None = None
+    slice_reference_sq: torch.Tensor | None = None
+    slice_count: torch.Tensor | None = None
+    slice_judged: Moments | None = None
+    slice_default: Moments | None = None
     bitwise: bool = True
     nonfinite: str | None = None
     worst_distance: float = -1.0
@@ -185,7 +326,7 @@ class TensorAccumulator:
     def add(
         self, judged: torch.Tensor, default: torch.Tensor, reference: torch.Tensor, base: Baseline | None = None
     ) -> None:
-        """Add the next piece; `base` is baseline(name, default, reference) where the caller shares it."""
+        """Add the next piece; `base` is baseline(name, default, reference, ...) where the caller shares it."""
         check_same_layout(self.name, judged, default, reference)
         trailing = tuple(judged.shape[1:])
         if self.pieces and (trailing != self.trailing or judged.dtype != self.dtype or judged.dim() == 0):
@@ -193,21 +334,39 @@ class TensorAccumulator:
                 f"tensor {self.name}: piece {self.pieces} is {tuple(judged.shape)} {judged.dtype}, which does not"
                 f" continue [*, {', '.join(map(str, self.trailing))}] {self.dtype}"
             )
+        sliced = self.slicing is not None and self.slicing.applies(judged)
+        if sliced and self.pieces and judged.dim() == 3:
+            raise ComparisonError(
+                f"tensor {self.name}: sliced by positions along its first dimension, so it cannot arrive in pieces"
+            )
         offset = self.rows
-        base = base or baseline(self.name, default, reference, offset)
-        judged_diff = judged.to(torch.float64) - base.reference
-        judged_sq, judged_finite = _sum_sq_checked(judged_diff)
+        base = base or baseline(self.name, default, reference, offset, self.slicing)
+        judged_error = judged.to(torch.float64) - base.reference
+        judged_moments = Moments.of(judged_error, base.reference, _whole)
+        judged_finite = math.isfinite(judged_moments.sq.item())
         self.nonfinite = self.nonfinite or base.nonfinite
         if not judged_finite:
             self.nonfinite = self.nonfinite or nonfinite_report("judged", self.name, judged, offset)
-        self.judged_sq += judged_sq
-        self.default_sq += base.default_sq
-        self.reference_sq += base.reference_sq
-        self.judged_sum += judged_diff.sum().item()
-        self.default_sum += base.default_sum
+        first = not self.pieces
+        if first:
+            self.judged, self.default = judged_moments, Moments(**vars(base.default_moments))
+        else:
+            self.judged.add(judged_moments, concatenate=False)
+            self.default.add(base.default_moments, concatenate=False)
+        if sliced:
+            slice_judged = Moments.of(judged_error, base.reference, self.slicing.sums)
+            if first:
+                self.slice_judged, self.slice_default = slice_judged, Moments(**vars(base.slice_default))
+                self.slice_reference_sq, self.slice_count = base.slice_reference_sq, base.slice_count
+            else:  # pieces along leading dimensions: the slices of each piece follow the last's
+                self.slice_judged.add(slice_judged, concatenate=True)
+                self.slice_default.add(base.slice_default, concatenate=True)
+                self.slice_reference_sq = torch.cat((self.slice_reference_sq, base.slice_reference_sq))
+                self.slice_count = torch.cat((self.slice_count, base.slice_count))
+        self.reference_sq += base.reference_sq.item()
         self.count += judged.numel()
         self.bitwise = self.bitwise and bitwise_equal(judged, default)
-        distance = judged_diff.abs_()
+        distance = judged_error.abs_()
         if not (judged_finite and base.nonfinite is None):
             distance = torch.where(torch.isfinite(distance), distance, math.inf)
         index = _unravel(int(torch.argmax(distance)), judged.shape)
@@ -223,16 +382,77 @@ class TensorAccumulator:
         self.rows += judged.shape[0] if judged.dim() else 0
         self.trailing, self.dtype, self.scalar = trailing, judged.dtype, judged.dim() == 0
 
+    def _slices(self) -> SliceComparison | None:
+        if self.slice_judged is None:
+            return None
+        # A slice's errors are relative to its reference's norm, or to the norm a slice of its size
+        # has on average where its own is smaller: a slice whose reference is nearly zero (dq of
+        # queries whose softmax is one-hot) would otherwise turn rounding noise into a huge error.
+        typical_sq = self.reference_sq * self.slice_count / max(self.count, 1)
+        reference_sq = torch.maximum(self.slice_reference_sq, typical_sq)
+        ref_norm = reference_sq.sqrt()
+        error = _ratio(self.slice_judged.sq.sqrt(), ref_norm)
+        default_error = _ratio(self.slice_default.sq.sqrt(), ref_norm)
+        bound = self.rule.factor * default_error + self.rule.slack
+        over = torch.where(bound > 0, error / torch.where(bound > 0, bound, 1.0), torch.where(error > 0, math.inf, 0.0))
+        over = torch.where(torch.isnan(over), math.inf, over)
+        worst = _unravel(int(torch.argmax(over)), over.shape)
+        positions = self.rows if len(self.trailing) == 2 else self.trailing[-3]
+        slope = _ratio(self.slice_judged.dot, reference_sq)
+        default_slope = _ratio(self.slice_default.dot, reference_sq)
+        rms_count = (reference_sq * self.slice_count).sqrt()
+        offset = _ratio(self.slice_judged.total, rms_count)
+        default_offset = _ratio(self.slice_default.total, rms_count)
+        floating = self.dtype if self.dtype.is_floating_point else torch.float32
+        floor = self.rule.systematic_floor(floating)
+        rest = torch.nan_to_num(_rest(self.slice_judged, reference_sq, self.slice_count), nan=0.0, posinf=0.0)
+        noise = self.rule.systematic_noise_sigmas * rest / self.slice_count.sqrt()
+        slope_threshold = self.rule.systematic_factor * default_slope.abs() + floor + noise
+        offset_threshold = self.rule.systematic_factor * default_offset.abs() + floor + noise
+        systematic_over = torch.maximum(slope.abs() / slope_threshold, offset.abs() / offset_threshold)
+        systematic_over = torch.where(torch.isnan(systematic_over), math.inf, systematic_over)
+        s_worst = _unravel(int(torch.argmax(systematic_over)), systematic_over.shape)
+        return SliceComparison(
+            scheme=self.slicing.describe(),
+            count=over.numel(),
+            failing=int((over > 1.0).sum()),
+            worst_index=worst,
+            worst=self.slicing.label(worst, positions),
+            error=float(error[worst]),
+            default_error=float(default_error[worst]),
+            bound=float(bound[worst]),
+            error_over_bound=float(over[worst]),
+            systematic_flagged=int((systematic_over > 1.0).sum()),
+            systematic_worst=self.slicing.label(s_worst, positions),
+            systematic=Systematic(
+                slope=float(slope[s_worst]), default_slope=float(default_slope[s_worst]),
+                slope_threshold=float(slope_threshold[s_worst]), offset=float(offset[s_worst]),
+                default_offset=float(default_offset[s_worst]), offset_threshold=float(offset_threshold[s_worst]),
+                flagged=bool(systematic_over[s_worst] > 1.0),
+            ),
+        )
+
     def result(self) -> TensorComparison:
         if not self.pieces:
             raise ComparisonError(f"tensor {self.name}: no values were compared")
         scale = math.sqrt(self.reference_sq)
         kind = "relative" if scale > 0.0 else "absolute"
-        error = math.sqrt(self.judged_sq) / (scale if scale > 0.0 else 1.0)
-        default_error = math.sqrt(self.default_sq) / (scale if scale > 0.0 else 1.0)
+        error = math.sqrt(self.judged.sq.item()) / (scale if scale > 0.0 else 1.0)
+        default_error = math.sqrt(self.default.sq.item()) / (scale if scale > 0.0 else 1.0)
         rms_count = math.sqrt(self.reference_sq * self.count) if scale > 0.0 else self.count
+        bias, default_bias = self.judged.total.item() / rms_count, self.default.total.item() / rms_count
+        slope_scale = self.reference_sq if scale > 0.0 else 1.0
+        systematic = _systematic(
+            self.rule, self.dtype,
+            (self.judged.dot.item() / slope_scale, bias), (self.default.dot.item() / slope_scale, default_bias),
+            float(_rest(self.judged, self.reference_sq, self.count)) if scale > 0.0 else error, self.count,
+        )
         bound = self.rule.bound(default_error)
-        passes = self.nonfinite is None and error <= bound
+        whole_over = error / bound if bound > 0.0 else (0.0 if error == 0.0 else math.inf)
+        slices = self._slices()
+        over = whole_over if slices is None else max(whole_over, slices.error_over_bound)
+        finite = self.nonfinite is None
+        passes = finite and error <= bound and (slices is None or slices.failing == 0)
         return TensorComparison(
             tensor=self.name,
             shape=() if self.scalar else (self.rows, *self.trailing),
@@ -244,9 +464,12 @@ class TensorAccumulator:
             bound=bound,
             ratio=error / default_error if default_error > 0.0 else None,
             margin=bound - error,
-            error_over_bound=error / bound if bound > 0.0 else (0.0 if error == 0.0 else math.inf),
-            bias=self.judged_sum / rms_count,
-            default_bias=self.default_sum / rms_count,
+            whole_error_over_bound=whole_over,
+            error_over_bound=over if finite else math.inf,
+            bias=bias,
+            default_bias=default_bias,
+            systematic=systematic,
+            slices=slices,
             passes=passes,
             slack_only=passes and error > self.rule.factor * default_error,
             bitwise_identical=self.bitwise,
@@ -254,10 +477,12 @@ class TensorAccumulator:
             nonfinite=self.nonfinite,
         )
 
+
 def compare_tensor(
-    name: str, judged: torch.Tensor, default: torch.Tensor, reference: torch.Tensor, rule: Rule
+    name: str, judged: torch.Tensor, default: torch.Tensor, reference: torch.Tensor, rule: Rule,
+    slicing: Slicing | None = None,
 ) -> TensorComparison:
-    accumulator = TensorAccumulator(name=name, rule=rule)
+    accumulator = TensorAccumulator(name=name, rule=rule, slicing=slicing)
     accumulator.add(judged, default, reference)
     return accumulator.result()
 
@@ -267,6 +492,7 @@ class OutputsAccumulator:
     """Accumulators for every tensor a reference names, fed one set of outputs (or pieces) at a time."""
 
     rule: Rule
+    slicing: Slicing | None = None
     tensors: dict[str, TensorAccumulator] = field(default_factory=dict)
 
     def add(
@@ -290,7 +516,9 @@ class OutputsAccumulator:
                     f" (missing {missing}, unexpected {extra})"
                 )
         for name in names:
-            accumulator = self.tensors.setdefault(name, TensorAccumulator(name=name, rule=self.rule))
+            accumulator = self.tensors.setdefault(
+                name, TensorAccumulator(name=name, rule=self.rule, slicing=self.slicing)
+            )
             accumulator.add(judged[name], default[name], reference[name], baselines[name] if baselines else None)
 
     def offsets(self) -> dict[str, int]:
@@ -302,10 +530,13 @@ class OutputsAccumulator:
 
 
 def outputs_baselines(
-    default: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], offsets: Mapping[str, int]
+    default: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], offsets: Mapping[str, int],
+    slicing: Slicing | None = None,
 ) -> dict[str, Baseline]:
     """Every tensor's baseline for one set of pieces (offsets: where each piece starts in its tensor)."""
-    return {name: baseline(name, default[name], reference[name], offsets.get(name, 0)) for name in reference}
+    return {
+        name: baseline(name, default[name], reference[name], offsets.get(name, 0), slicing) for name in reference
+    }
 
 
 def compare_outputs(
@@ -313,8 +544,9 @@ def compare_outputs(
     default: Mapping[str, torch.Tensor],
     reference: Mapping[str, torch.Tensor],
     rule: Rule,
+    slicing: Slicing | None = None,
 ) -> tuple[TensorComparison, ...]:
     """Compare every tensor the reference names; the three must name the same tensors."""
-    accumulator = OutputsAccumulator(rule=rule)
+    accumulator = OutputsAccumulator(rule=rule, slicing=slicing)
     accumulator.add(judged, default, reference)
     return accumulator.results()

@@ -97,6 +97,30 @@ def determinism_sentence(record: dict[str, Any]) -> str:
     return f"the candidate's {', '.join(changed)} changed between two identical runs"
 
 
+def evidence_sentence(record: dict[str, Any]) -> str:
+    """What was judged beyond the whole tensors: slices, invariants, systematic error."""
+    lever, cases = record["lever"], ran_cases(record)
+    parts = []
+    if lever.get("slicing"):
+        sliced = [(case, t) for case, t in candidate_tensors(record) if t["slices"] is not None]
+        if sliced:
+            case, worst = max(sliced, key=lambda ct: ct[1]["slices"]["error_over_bound"] or math.inf)
+            slices = worst["slices"]
+            parts.append(
+                f"judged {lever['slicing']} as well, worst slice {slices['error_over_bound']:.2f} x its bound"
+                f" ({worst['tensor']}, {slices['worst']}, {case['case_id']})"
+            )
+    if lever.get("invariants"):
+        parts.append(f"{and_list(lever['invariants'])} held on every run")
+    flagged = sorted({t for case in cases for t in case["systematic"]})
+    if flagged:
+        shown = ", ".join(flagged[:3]) + (f" and {len(flagged) - 3} more" if len(flagged) > 3 else "")
+        parts.append(f"systematic error (scale slope or offset) flagged on {shown}")
+    else:
+        parts.append("no systematic error (scale slope or offset) flagged")
+    return "; ".join(parts)
+
+
 def skipped_sentence(record: dict[str, Any]) -> str:
     reasons: dict[str, int] = {}
     for case in record["cases"]:
@@ -141,7 +165,7 @@ def generic_text(record: dict[str, Any]) -> dict[str, str]:
     detail = (
         f"{record['lever']['candidate']} ran as {', '.join(backends)}; its relative L2 error against FP64 is"
         f" {ratio_range(ratios)} x the default's ({record['lever']['default']}) (worst tensor, {worst['tensor']}"
-        f" in {case['case_id']}, {bound_sentence(worst, record['lever']['rule'])}); {determinism_sentence(record)};"
-        f" {controls_sentence(record)}"
+        f" in {case['case_id']}, {bound_sentence(worst, record['lever']['rule'])}); {evidence_sentence(record)};"
+        f" {determinism_sentence(record)}; {controls_sentence(record)}"
     )
     return {"shape": shape, "detail": detail, "note": note}

@@ -15,7 +15,7 @@ import contextlib
 import datetime
 import time
 from dataclasses import dataclass, field, replace
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -126,6 +126,9 @@ def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, e
         default_repeat=None,
         controls=(),
         secondary=(),
+        invariants=(),
+        systematic=(),
+        resolution={},
         summary={},
         seconds=time.perf_counter() - started,
     )
@@ -136,11 +139,18 @@ def _judgement_failures(role: str, judgement: Judgement) -> list[str]:
     for t in judgement.tensors:
         if t.nonfinite:
             failures.append(f"{role} {t.tensor}: non-finite values ({t.nonfinite})")
-        elif not t.passes:
+        elif t.error > t.bound:
             failures.append(
                 f"{role} {t.tensor}: error {t.error:.3e} > bound {t.bound:.3e}"
                 f" (default error {t.default_error:.3e}); worst element at {list(t.worst.index)}:"
                 f" {role} {t.worst.judged:.6g}, default {t.worst.default:.6g}, reference {t.worst.reference:.6g}"
+            )
+        elif t.slices is not None and t.slices.failing:
+            worst = t.slices
+            failures.append(
+                f"{role} {t.tensor}: {worst.failing} of {worst.count} slices ({worst.scheme}) outside their bound;"
+                f" worst {worst.worst}: error {worst.error:.3e} > bound {worst.bound:.3e}"
+                f" (default error {worst.default_error:.3e}), {worst.error_over_bound:.2f} x"
             )
     return failures
 
@@ -161,6 +171,45 @@ def _kernel_failures(lever: Lever, case: Case, candidate: Judgement, default: Pa
                 " the same kernel on the same inputs must give the same bits"
             )
     return failures, same_kernel
+
+
+def systematic_tensors(candidate: Judgement, secondary: Iterable[Judgement]) -> tuple[str, ...]:
+    """Tensors whose systematic error is flagged against the reference and against every secondary
+    reference: a slope that FP32-rounded hyperparameters explain (the secondary reference computes
+    with them) is not the candidate's own."""
+    explained = [{t.tensor for t in extra.tensors if not t.systematic_flagged} for extra in secondary]
+    return tuple(
+        t.tensor for t in candidate.tensors
+        if t.systematic_flagged and not any(t.tensor in names for names in explained)
+    )
+
+
+def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...]) -> list[str]:
+    failures = []
+    for t in candidate.tensors:
+        if t.tensor not in flagged:
+            continue
+        whole = t.systematic
+        if whole.flagged:
+            where, figures = "whole", whole
+        else:
+            where, figures = f"slice {t.slices.systematic_worst} ({t.slices.systematic_flagged} flagged)", t.slices.systematic
+        failures.append(
+            f"candidate {t.tensor}: systematic error ({where}): slope {figures.slope:+.2e} (threshold"
+            f" {figures.slope_threshold:.2e}, default {figures.default_slope:+.2e}), offset {figures.offset:+.2e}"
+            f" (threshold {figures.offset_threshold:.2e}, default {figures.default_offset:+.2e})"
+        )
+    return failures
+
+
+def _resolution(candidate: Judgement) -> dict[str, Any]:
+    """The smallest random error (the bound) and scale bias (the slope threshold) this case detects."""
+    by_bound = min(candidate.tensors, key=lambda t: t.bound)
+    by_slope = min(candidate.tensors, key=lambda t: t.systematic.slope_threshold)
+    return {
+        "error": by_bound.bound, "error_tensor": by_bound.tensor,
+        "slope": by_slope.systematic.slope_threshold, "slope_tensor": by_slope.tensor,
+    }
 
 
 @contextlib.contextmanager
@@ -184,56 +233,158 @@ def _cpu_settings(lever: Lever) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def run_case(lever: Lever, case: Case) -> CaseResult:
+def run_case(lever: Lever, case: Case, *, strict_systematic: bool = False) -> CaseResult:
     """Run one case of a lever and decide it: "pass", "fail", "no kernel change", or "skip" where
-    the case or a backend refuses it."""
+    the case or a backend refuses it. `strict_systematic`: a flagged systematic error fails it."""
+    return run_candidates(lever, case, (lever.candidate,), strict_systematic=strict_systematic)[0]
+
+
+def run_candidates(
+    lever: Lever, case: Case, candidates: Sequence[Path], *, strict_systematic: bool = False, repeat: bool = True
+) -> tuple[CaseResult, ...]:
+    """Judge several candidates on one case, computing the inputs, the reference, the default, its
+    repeat and the lever's controls once: one CaseResult per candidate, in order, each as
+    run_case would give it for a lever with that candidate (the controls are the lever's own, built
+    on `lever.candidate`: they measure the bound's power on the case, whichever candidate is
+    judged). A candidate that refuses the case skips; the others go on. `repeat=False` runs each
+    candidate once (no determinism figure, `candidate_repeat` null): for screening many candidates."""
+    if not candidates:
+        raise ValueError(f"lever {lever.name}: run_candidates needs at least one candidate")
     with _cpu_settings(lever):
-        return _run_case(lever, case)
+        return _run_candidates(lever, case, tuple(candidates), strict_systematic, repeat)
 
 
-def _run_case(lever: Lever, case: Case) -> CaseResult:
+@dataclass
+class _Invariants:
+    """The lever's invariants checked on one role's runs, unit by unit: how many units broke each,
+    and the first unit's account."""
+
+    role: str
+    units: int = 0
+    broken: dict[str, list] = field(default_factory=dict)  # invariant name -> [count, first problem]
+
+    def check(self, lever: Lever, unit: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.units += 1
+        for invariant in lever.invariants:
+            problem = invariant.check(unit, tensors)
+            if problem is not None:
+                self.broken.setdefault(invariant.name, [0, problem])[0] += 1
+
+    def failures(self) -> list[str]:
+        units = "" if self.units == 1 else " on {count} of " + f"{self.units} units"
+        return [
+            f"{self.role} breaks the invariant '{name}'{units.format(count=count)}: {first}"
+            for name, (count, first) in self.broken.items()
+        ]
+
+
+@dataclass
+class _Candidate:
+    """One candidate's two judged runs and what they changed."""
+
+    first: _Judged
+    repeat: _Judged
+    secondary: list[_Judged]
+    changed: dict[str, None] = field(default_factory=dict)
+    invariants: _Invariants | None = None
+    repeat_invariants: _Invariants | None = None
+    skip_reason: str | None = None
+    error: str | None = None  # the candidate raised: it fails, the other candidates go on
+
+    @property
+    def active(self) -> bool:
+        return self.skip_reason is None and self.error is None
+
+
+def _run_candidates(
+    lever: Lever, case: Case, candidates: tuple[Path, ...], strict_systematic: bool, repeat: bool
+) -> tuple[CaseResult, ...]:
     started = time.perf_counter()
     if case.skip_reason:
-        return _not_judged(case, started, skip_reason=case.skip_reason)
+        return tuple(_not_judged(case, started, skip_reason=case.skip_reason) for _ in candidates)
     device = torch.device(lever.device)
 
     def judged(path: Path, role: str) -> _Judged:
-        return _Judged(runs=_Runs(path=path, device=device, role=role), comparisons=OutputsAccumulator(rule=lever.rule))
+        return _Judged(
+            runs=_Runs(path=path, device=device, role=role),
+            comparisons=OutputsAccumulator(rule=lever.rule, slicing=lever.slicing),
+        )
 
+    several = len(candidates) > 1
     reference = _Runs(path=lever.reference, device=device, role="reference")
     default = _Runs(path=lever.default, device=device, role="default")
-    candidate, repeat = judged(lever.candidate, "candidate"), judged(lever.candidate, "candidate (repeat)")
+    judged_candidates = [
+        _Candidate(
+            first=judged(path, "candidate"),
+            repeat=judged(path, "candidate (repeat)"),
+            secondary=[judged(extra, "secondary reference") for extra in lever.secondary_references],
+            invariants=_Invariants(role=f"candidate {path.name}" if several else "candidate"),
+            repeat_invariants=_Invariants(role=f"candidate {path.name} (repeat)" if several else "candidate (repeat)"),
+        )
+        for path in candidates
+    ]
     default_repeat = judged(lever.default, "default (repeat)")
-    secondary = [judged(path, "secondary reference") for path in lever.secondary_references]
     applicable = {control.name: control.why_inapplicable(case) for control in lever.controls}
     controls = {
         control.name: judged(control.path, f"control '{control.name}'")
         for control in lever.controls
         if applicable[control.name] is None
     }
-    changed: dict[str, None] = {}
+    default_invariants = _Invariants(role="the default")
+    error: str | None = None
     try:
         inputs = case.make_inputs(device)
         for unit in inputs.units if isinstance(inputs, Streamed) else (inputs,):
-            first = candidate.runs.run(unit)  # first: a refusal costs nothing else
+            firsts = {}
+            for index, candidate in enumerate(judged_candidates):  # first: a refusal costs nothing else
+                if candidate.active:
+                    try:
+                        firsts[index] = candidate.first.runs.run(unit)
+                    except PathUnavailable as unavailable:
+                        candidate.skip_reason = str(unavailable)
+                    except _PathError as path_error:
+                        if not several:
+                            raise
+                        candidate.error = str(path_error)
+            if not firsts:
+                break
             reference_out, default_out = reference.run(unit), default.run(unit)
-            shared = outputs_baselines(default_out.tensors, reference_out.tensors, candidate.comparisons.offsets())
-            second = repeat.runs.run(unit)
-            candidate.comparisons.add(first.tensors, default_out.tensors, reference_out.tensors, shared)
-            repeat.comparisons.add(second.tensors, default_out.tensors, reference_out.tensors, shared)
-            changed.update((n, None) for n in first.tensors if not bitwise_equal(first.tensors[n], second.tensors[n]))
-            del second
-            for extra in secondary:
-                extra.comparisons.add(first.tensors, default_out.tensors, extra.runs.run(unit).tensors)
-            del first
+            default_invariants.check(lever, unit, default_out.tensors)
+            offsets = judged_candidates[min(firsts)].first.comparisons.offsets()
+            shared = outputs_baselines(default_out.tensors, reference_out.tensors, offsets, lever.slicing)
+            for index, first in firsts.items():
+                candidate = judged_candidates[index]
+                candidate.first.comparisons.add(first.tensors, default_out.tensors, reference_out.tensors, shared)
+                candidate.invariants.check(lever, unit, first.tensors)
+                if repeat:
+                    try:
+                        second = candidate.repeat.runs.run(unit)
+                    except _PathError as path_error:
+                        if not several:
+                            raise
+                        candidate.error = str(path_error)
+                        continue
+                    candidate.repeat.comparisons.add(second.tensors, default_out.tensors, reference_out.tensors, shared)
+                    candidate.repeat_invariants.check(lever, unit, second.tensors)
+                    candidate.changed.update(
+                        (n, None) for n in first.tensors if not bitwise_equal(first.tensors[n], second.tensors[n])
+                    )
+                    del second
+                for extra in candidate.secondary:
+                    extra.comparisons.add(first.tensors, default_out.tensors, extra.runs.run(unit).tensors)
+            del firsts
             for other in (default_repeat, *controls.values()):
                 other.comparisons.add(other.runs.run(unit).tensors, default_out.tensors, reference_out.tensors, shared)
-    except PathUnavailable as unavailable:
-        return _not_judged(case, started, skip_reason=str(unavailable))
-    except _PathError as error:
-        return _not_judged(case, started, error=str(error))
-    except Exception as error:  # making the inputs, or comparing the outputs
-        return _not_judged(case, started, error=f"{type(error).__name__}: {error}")
+    except PathUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
+        return tuple(_not_judged(case, started, skip_reason=str(unavailable)) for _ in candidates)
+    except _PathError as path_error:
+        error = str(path_error)
+    except Exception as other:  # making the inputs, or comparing the outputs
+        error = f"{type(other).__name__}: {other}"
+    if error is not None:
+        return tuple(_not_judged(case, started, error=error) for _ in candidates)
+    if not any(candidate.active for candidate in judged_candidates):
+        return tuple(_not_judged(case, started, skip_reason=c.skip_reason, error=c.error) for c in judged_candidates)
 
     control_results = tuple(
         ControlResult(
@@ -243,40 +394,58 @@ def _run_case(lever: Lever, case: Case) -> CaseResult:
         )
         for control in lever.controls
     )
-    candidate_judgement, repeat_judgement = candidate.judgement(), repeat.judgement()
     default_repeat_judgement = default_repeat.judgement()
-    failures = _judgement_failures("candidate", candidate_judgement)
-    failures += _judgement_failures("candidate (repeat)", repeat_judgement)
-    failures += _judgement_failures("positive control (default repeated)", default_repeat_judgement)
+    shared_failures = _judgement_failures("positive control (default repeated)", default_repeat_judgement)
+    shared_failures += default_invariants.failures()
     for control in control_results:
         if control.judgement is not None and control.judgement.passes:
             worst = control.judgement.worst
-            failures.append(
-                f"negative control '{control.name}' passes the bound on every tensor"
+            shared_failures.append(
+                f"negative control '{control.name}' passes the bound on every tensor and slice"
                 f" (largest error/bound {worst.error_over_bound:.2f}, {worst.tensor}): no power on this case"
             )
     if all(control.judgement is None for control in control_results):
-        failures.append("no negative control applies to this case, so it could not fail")
-    kernel_failures, same_kernel = _kernel_failures(lever, case, candidate_judgement, default.record())
-    failures += kernel_failures
-    result = CaseResult(
-        **_identity(case),
-        status=FAIL if failures else (NO_KERNEL_CHANGE if same_kernel else PASS),
-        skip_reason=None,
-        failures=tuple(failures),
-        reference=reference.record(),
-        default=default.record(),
-        candidate=candidate_judgement,
-        candidate_repeat=repeat_judgement,
-        deterministic=not changed,
-        nondeterministic_tensors=tuple(changed),
-        default_repeat=default_repeat_judgement,
-        controls=control_results,
-        secondary=tuple(extra.judgement() for extra in secondary),
-        summary={},
-        seconds=time.perf_counter() - started,
-    )
-    return replace(result, summary=dict(lever.summarize(result))) if lever.summarize else result
+        shared_failures.append("no negative control applies to this case, so it could not fail")
+    results = []
+    for candidate in judged_candidates:
+        if not candidate.active:
+            results.append(_not_judged(case, started, skip_reason=candidate.skip_reason, error=candidate.error))
+            continue
+        candidate_judgement = candidate.first.judgement()
+        repeat_judgement = candidate.repeat.judgement() if repeat else None
+        secondary = tuple(extra.judgement() for extra in candidate.secondary)
+        failures = _judgement_failures("candidate", candidate_judgement)
+        if repeat_judgement is not None:
+            failures += _judgement_failures("candidate (repeat)", repeat_judgement)
+        failures += candidate.invariants.failures() + candidate.repeat_invariants.failures()
+        failures += shared_failures
+        kernel_failures, same_kernel = _kernel_failures(lever, case, candidate_judgement, default.record())
+        failures += kernel_failures
+        flagged = systematic_tensors(candidate_judgement, secondary)
+        if strict_systematic:
+            failures += _systematic_failures(candidate_judgement, flagged)
+        result = CaseResult(
+            **_identity(case),
+            status=FAIL if failures else (NO_KERNEL_CHANGE if same_kernel else PASS),
+            skip_reason=None,
+            failures=tuple(failures),
+            reference=reference.record(),
+            default=default.record(),
+            candidate=candidate_judgement,
+            candidate_repeat=repeat_judgement,
+            deterministic=not candidate.changed if repeat else None,
+            nondeterministic_tensors=tuple(candidate.changed),
+            default_repeat=default_repeat_judgement,
+            controls=control_results,
+            secondary=secondary,
+            invariants=tuple(invariant.name for invariant in lever.invariants),
+            systematic=flagged,
+            resolution=_resolution(candidate_judgement),
+            summary={},
+            seconds=time.perf_counter() - started,
+        )
+        results.append(replace(result, summary=dict(lever.summarize(result))) if lever.summarize else result)
+    return tuple(results)
 
 
 def lever_summary(lever: Lever) -> dict[str, Any]:
@@ -295,7 +464,13 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "cases": [case.id for case in lever.cases],
         "optional_cases": [case.id for case in lever.cases if not case.required],
         "compares_kernels": lever.compares_kernels,
-        "rule": {"factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason},
+        "rule": {
+            "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason,
+            "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,
+            "systematic_noise_sigmas": lever.rule.systematic_noise_sigmas,
+        },
+        "slicing": None if lever.slicing is None else lever.slicing.describe(),
+        "invariants": [invariant.name for invariant in lever.invariants],
     }
 
 
@@ -323,8 +498,8 @@ def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, second
     )
 
 
-def run_lever(lever: Lever) -> LeverRecord:
+def run_lever(lever: Lever, *, strict_systematic: bool = False) -> LeverRecord:
     """Run every case of a lever and return its record (write it with results.write_record)."""
     started, clock = _now(), time.perf_counter()
-    cases = [run_case(lever, case) for case in lever.cases]
+    cases = [run_case(lever, case, strict_systematic=strict_systematic) for case in lever.cases]
     return build_record(lever, cases, started, time.perf_counter() - clock)

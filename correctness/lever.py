@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from correctness.compare import Slicing
 from correctness.rule import DEFAULT_RULE, Rule
 
 
@@ -41,13 +42,21 @@ class Path(Protocol):
     def run(self, inputs: Any) -> PathOutput: ...
 
 
+def _unchanged(inputs: Any) -> Any:
+    return inputs
+
+
 @dataclass(frozen=True, kw_only=True)
 class Mutated:
-    """A path run on mutated inputs: how a lever builds a deliberately wrong variant of a path."""
+    """A path run on mutated inputs, or with its outputs changed: how a lever builds a deliberately
+    wrong variant of a path. Its backend names the mutation, so that a mutant of the default's own
+    kernel is never taken for that kernel."""
 
     base: Path
     mutation: str  # what is wrong, for names and reports: "window +1"
-    mutate: Callable[[Any], Any]
+    mutate: Callable[[Any], Any] = _unchanged
+    # (inputs, tensors) -> tensors: a wrong result computed from the right one (an output scaled)
+    change_outputs: Callable[[Any, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None
 
     @property
     def name(self) -> str:
@@ -55,8 +64,10 @@ class Mutated:
 
     def run(self, inputs: Any) -> PathOutput:
         output = self.base.run(self.mutate(inputs))
+        tensors = output.tensors if self.change_outputs is None else self.change_outputs(inputs, output.tensors)
         return PathOutput(
-            tensors=output.tensors, backend=output.backend, details={**output.details, "mutation": self.mutation}
+            tensors=tensors, backend=f"{output.backend} (mutated: {self.mutation})",
+            details={**output.details, "mutation": self.mutation},
         )
 
 
@@ -82,6 +93,17 @@ class Control:
     name: str
     path: Path
     why_inapplicable: Callable[["Case"], str | None] = always_applies
+
+
+@dataclass(frozen=True, kw_only=True)
+class Invariant:
+    """An exact property of a correct path's outputs that needs no bound (the BF16 weights are the
+    round to nearest of the FP32 masters). `check(inputs, tensors)` returns None where it holds,
+    else one line saying where it does not. The harness checks the candidate's runs and the
+    default's; a violation fails the case."""
+
+    name: str
+    check: Callable[[Any, Mapping[str, torch.Tensor]], str | None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +176,10 @@ class Lever:
     # torch's CPU threads while a case runs (None: torch's default). A lever of many small tensors
     # (the optimizer's units) gains nothing from a second thread and spends twice the CPU on it.
     cpu_threads: int | None = None
+    # Judge each tensor by slices as well as whole (attention: per head and block of positions),
+    # so that an error confined to a few rows is not diluted; None: whole tensors only.
+    slicing: Slicing | None = None
+    invariants: tuple[Invariant, ...] = ()
 
     def __post_init__(self):
         if self.rule != DEFAULT_RULE and not self.rule_reason:

@@ -63,6 +63,12 @@ def pytest_addoption(parser):
         help="run the levers of this recipe file's model and GPU only, with shapes taken from it",
     )
     group.addoption(
+        "--strict-systematic",
+        action="store_true",
+        default=False,
+        help="fail a case whose candidate the systematic-error diagnostic flags (by default it is reported only)",
+    )
+    group.addoption(
         "--model-checkpoint",
         default=None,
         help=f"the model's Hugging Face checkpoint folder, for checkpoint weights (or set {MODEL_CHECKPOINT_ENV})",
@@ -193,7 +199,7 @@ def lever_check(request):
             _LeverRun(lever=lever, started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
         )
         clock = time.perf_counter()
-        result = run_case(lever, case)
+        result = run_case(lever, case, strict_systematic=request.config.getoption("strict_systematic"))
         run.seconds += time.perf_counter() - clock
         run.cases.append(result)
         if result.status == "skip":

@@ -15,9 +15,17 @@ def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[s
 
 
 def _worst(tensors: list[dict[str, Any]]) -> str:
+    """The largest error/bound over the tensors and their slices, with where it is."""
     worst = max(tensors, key=lambda t: math.inf if t["error_over_bound"] is None else t["error_over_bound"])
     figure = "nan" if worst["error_over_bound"] is None else f"{worst['error_over_bound']:.2f}"
-    return f"{figure} ({worst['tensor']})"
+    slices = worst.get("slices")
+    in_slice = slices is not None and worst["error_over_bound"] == slices["error_over_bound"] and (
+        worst["whole_error_over_bound"] != slices["error_over_bound"])
+    return f"{figure} ({worst['tensor']}{' slice' if in_slice else ''})"
+
+
+def _systematic_cell(case: dict[str, Any]) -> str:
+    return "FLAGGED " + ",".join(case["systematic"]) if case["systematic"] else "-"
 
 
 def _ratio_range(tensors: list[dict[str, Any]]) -> str:
@@ -45,7 +53,8 @@ def verdict_table(record: dict[str, Any]) -> list[str]:
         f" · recipe {record['recipe']['id']} · {record['verdict'].upper()}"
     ]
     control_names = list(lever["controls"])
-    header = ["case", "result", "candidate ran", "err/bound", "err/default", "bitwise", "repeat", "default x2"]
+    header = ["case", "result", "candidate ran", "err/bound", "err/default", "systematic", "bitwise", "repeat",
+              "default x2"]
     header += [f"{name} err/bound" for name in control_names]
     rows = []
     skipped: dict[str, int] = {}
@@ -68,6 +77,7 @@ def verdict_table(record: dict[str, Any]) -> list[str]:
                 case["candidate"]["run"]["backend"],
                 _worst(tensors),
                 _ratio_range(tensors),
+                _systematic_cell(case),
                 "all" if all(bitwise) else ("some" if any(bitwise) else "no"),
                 "deterministic" if case["deterministic"] else "CHANGED " + ",".join(case["nondeterministic_tensors"]),
                 "pass" if case["default_repeat"]["passes"] else "FAIL",
@@ -98,13 +108,16 @@ def case_report(lever_name: str, case: CaseResult) -> str:
     judged = [("candidate", case.candidate), ("candidate repeat", case.candidate_repeat),
               ("default repeat", case.default_repeat)]
     judged += [(f"control: {c.name}", c.judgement) for c in case.controls if c.judgement is not None]
-    header = ["path", "backend", "tensor", "error", "default err", "bound", "err/bound", "bias", "slack only", "bitwise"]
+    header = ["path", "backend", "tensor", "error", "default err", "bound", "err/bound", "worst slice err/bound",
+              "slope (default)", "bias", "slack only", "bitwise"]
     rows = []
     for role, judgement in judged:
         if judgement is None:
             continue
         for t in judgement.tensors:
+            worst_slice = "-" if t.slices is None else f"{t.slices.error_over_bound:.2f} ({t.slices.worst})"
             rows.append([role, judgement.run.backend, t.tensor, f"{t.error:.3e}", f"{t.default_error:.3e}",
-                         f"{t.bound:.3e}", f"{t.error_over_bound:.2f}", f"{t.bias:+.1e}",
+                         f"{t.bound:.3e}", f"{t.whole_error_over_bound:.2f}", worst_slice,
+                         f"{t.systematic.slope:+.1e} ({t.systematic.default_slope:+.1e})", f"{t.bias:+.1e}",
                          "yes" if t.slack_only else "", "yes" if t.bitwise_identical else ""])
     return "\n".join(lines + ["  " + line for line in format_table(header, rows)])

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
-from correctness.compare import TensorComparison
+from correctness.compare import Systematic, TensorComparison
 from correctness.errors import CorrectnessError
 from correctness.files import folder_parts, read_input, replace_file
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 2  # 2: verdicts `incomplete` and `no kernel change`, `completeness`, cases' `required`
+FORMAT_VERSION = 3  # 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run
@@ -91,6 +91,13 @@ class CaseResult:
     default_repeat: Judgement | None  # positive control: the default judged as a candidate
     controls: tuple[ControlResult, ...]
     secondary: tuple[Judgement, ...]  # the candidate against each secondary reference (not judged)
+    invariants: tuple[str, ...]  # the lever's invariants checked on the candidate's and the default's runs
+    # Tensors whose systematic error the diagnostic flags (correctness.rule), against the reference
+    # and against every secondary one; a failure only where the run asks for strict systematic checks.
+    systematic: tuple[str, ...]
+    # The smallest errors this case detects: the rule's bound (random error) and the slope threshold
+    # (scale bias), each the smallest over the candidate's tensors, with the tensor.
+    resolution: Mapping[str, Any]
     summary: Mapping[str, Any]  # the lever's own figures for the case
     seconds: float
 
@@ -154,7 +161,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Judgement):
-        return {"passes": value.passes, **_jsonable(dataclasses.asdict(value))}
+        return {"passes": value.passes, "run": _jsonable(value.run), "tensors": _jsonable(value.tensors)}
+    if isinstance(value, TensorComparison):
+        fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {**fields, "systematic_flagged": value.systematic_flagged}
+    if isinstance(value, Systematic):
+        fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {**fields, "over_threshold": _jsonable(value.over_threshold)}
     if isinstance(value, ControlResult):
         return {
             "name": value.name,

@@ -205,16 +205,19 @@ def test_synthetic_inputs_are_seeded_and_model_like():
     assert first.q.dtype == torch.bfloat16 and first.q.shape == (2, 32, 4, 64)
 
 
-def test_window_edge_inputs_make_the_first_key_outside_the_window_attractive():
-    shape = tiny_shape(window=(3, 0), seq_len=16, head_dim=32, softmax_scale=1.0)
+def test_window_edge_inputs_make_both_keys_at_the_window_edge_attractive():
+    shape = tiny_shape(window=(3, 0), seq_len=16, head_dim=128, softmax_scale=1.0)
     inputs = synthetic_inputs(shape, seed=0, device=CPU, variant="window-edge")
     width = shape.window[0] + 1
+    q, k = inputs.q.float(), inputs.k.float()
     for group in range(shape.groups):
         head = group * shape.gqa_ratio
-        query, outside = inputs.q[0, width:, head], inputs.k[0, : shape.seq_len - width, group]
-        assert torch.equal(query, outside)
-        logit_outside = (query * outside).sum(-1)
-        assert bool((logit_outside > 0.5 * shape.head_dim).all())
+        for query in range(width, shape.seq_len):
+            logits = (q[0, query, head] * k[0, : query + 1, group]).sum(-1)
+            inside, outside = logits[query - width + 1], logits[query - width]  # farthest inside, first outside
+            others = torch.cat((logits[: query - width], logits[query - width + 2 :]))
+            assert inside > 0.5 * shape.head_dim and outside > 0.5 * shape.head_dim
+            assert bool((others < inside - 0.25 * shape.head_dim).all())
 
 
 def test_window_edge_needs_a_window_shorter_than_the_sequence():
@@ -302,11 +305,12 @@ def test_cpu_tier_declares_the_recipe_cases():
 
 def test_controls_apply_only_where_they_change_the_computation():
     lever = smoke_lever()
-    window, scale = lever.controls
+    too_wide, too_narrow, scale = lever.controls
     by_variant = {(case.shape.layer_kind, case.variant): case for case in lever.cases}
-    assert window.why_inapplicable(by_variant[("sliding", "window-edge")]) is None
-    assert "no window" in window.why_inapplicable(by_variant[("global", "model-like")])
-    assert "window-edge case carries" in window.why_inapplicable(by_variant[("sliding", "model-like")])
+    for window in (too_wide, too_narrow):
+        assert window.why_inapplicable(by_variant[("sliding", "window-edge")]) is None
+        assert "no window" in window.why_inapplicable(by_variant[("global", "model-like")])
+        assert "window-edge case carries" in window.why_inapplicable(by_variant[("sliding", "model-like")])
     assert all(scale.why_inapplicable(case) is None for case in lever.cases)
 
 

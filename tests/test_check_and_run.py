@@ -92,6 +92,13 @@ def test_the_cpu_tier_includes_megatrons_optimizer_on_the_cpu_and_no_gpu_tier(tm
     assert "test_te_auto_against_te_unfused" not in collected and "test_sdpa_fused_against_eager_unfused" not in collected
 
 
+def test_run_hands_strict_systematic_to_pytest(tmp_path):
+    finished = run_cli("run", str(recipe_path(GEMMA)), "--tier", "cpu", "--strict-systematic", "--",
+                       "--collect-only", "-q", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "--strict-systematic" in finished.stdout.splitlines()[0]
+
+
 def test_run_selects_nothing_for_a_recipe_no_lever_is_declared_for(tmp_path):
     recipe = tmp_path / "gemma-on-a100.yaml"
     recipe.write_text(recipe_path(GEMMA).read_text().replace("  type: H100\n", "  type: A100\n"))

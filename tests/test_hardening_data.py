@@ -30,7 +30,8 @@ from correctness.convergence import read_curve
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import recipe_path
 from correctness.recipes import load_document, load_recipe, recipe_text, validate_recipe, write_recipe
-from correctness.results import read_record, write_record
+from correctness.lever import LeverOptions
+from correctness.results import FORMAT_VERSION, read_record, write_record
 from toy_records import toy_record
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -218,15 +219,23 @@ def test_a_record_off_the_schema_is_refused_in_one_line_naming_the_field(records
     assert gemma_copy.read_bytes() == before
 
 
-def test_the_seed_records_fit_the_record_schema():
-    for path in sorted(Path(__file__).parent.parent.glob("results/*/*/*/*.json")):
-        assert read_record(path)["format_version"] == 2
+def test_a_real_lever_record_fits_the_record_schema(tmp_path):
+    """A record of a real lever (the packed loss's CPU tier: slices none, invariants none) and of
+    the attention lever's declaration with slices and invariants, as written, read back."""
+    from correctness.harness import build_record, run_case
+    from correctness.loss import packing as loss_packing
+
+    lever = loss_packing.cpu_tier("nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k", LeverOptions())[0]
+    record = build_record(lever, [run_case(lever, case) for case in lever.cases], "2026-01-01T00:00:00+00:00", 1.0)
+    data = read_record(write_record(record, tmp_path))
+    assert data["format_version"] == FORMAT_VERSION and data["verdict"] == "pass"
+    assert all(t["systematic"]["flagged"] is False for case in data["cases"] for t in case["candidate"]["tensors"])
 
 
 def test_a_format_version_written_as_a_string_is_named_as_a_string(records, tmp_path):
     bad = edited(records["a"], tmp_path, lambda data: data.update(format_version="2"))
     with pytest.raises(CorrectnessError, match=re.escape(
-            f"result record {bad}: format_version is the string '2'; this suite reads the number 2")):
+            f"result record {bad}: format_version is the string '2'; this suite reads the number {FORMAT_VERSION}")):
         read_record(bad)
 
 

@@ -453,7 +453,12 @@ def test_run_lever_records_every_case_and_the_declaration():
     assert [case.case_id for case in record.cases] == [case.id for case in lever.cases]
     assert record.lever["record_id"] == "running-sum--cpu--fp32 accumulation"
     assert record.lever["controls"] == ["inputs doubled"]
-    assert record.lever["rule"] == {"factor": lever.rule.factor, "slack": lever.rule.slack, "reason": None}
+    assert record.lever["rule"] == {
+        "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": None,
+        "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,
+        "systematic_noise_sigmas": lever.rule.systematic_noise_sigmas,
+    }
+    assert record.lever["slicing"] is None and record.lever["invariants"] == []
     assert record.recipe == RECIPE
     assert record.provenance["device"]["type"] == "cpu"
 

@@ -28,10 +28,11 @@ class Sum:
     accumulate: torch.dtype
     output: torch.dtype = torch.float32
     drop_last: bool = False
+    scale: float = 1.0
 
     def run(self, inputs):
         values = inputs[..., :-1] if self.drop_last else inputs
-        total = values.to(self.accumulate).sum(-1).to(self.output)
+        total = (values.to(self.accumulate).sum(-1) * self.scale).to(self.output)
         return PathOutput(tensors={"total": total}, backend=f"torch-sum-{self.name}")
 
 
@@ -56,6 +57,11 @@ def toy_lever(candidate, cases=(toy_case(0), toy_case(1))):
 
 GOOD = Sum("fp64", torch.float64)
 BAD = Sum("drops last", torch.float32, drop_last=True)
+SCALED = Sum("fp64 x (1 + 1e-4)", torch.float64, scale=1 + 1e-4)
+
+
+def one_scaled_lever(options):
+    return [toy_lever(SCALED)]
 
 
 def one_good_lever(options):
@@ -283,3 +289,13 @@ def test_xdist_workers_share_the_cores(monkeypatch, cores, workers, threads):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     pytest_plugin.share_cpu_threads(workers)
     assert chosen == [threads]  # the user's setting stands
+
+
+def test_a_systematic_error_is_reported_and_fails_only_with_strict_systematic(pytester):
+    toy_project(pytester, lever_test("one_scaled_lever"))
+    plain = run(pytester, "--results-dir", str(pytester.path / "plain"))
+    plain.assert_outcomes(passed=2)
+    plain.stdout.fnmatch_lines(["*sum-n64-seed0*pass*FLAGGED total*"])
+    strict = run(pytester, "--strict-systematic", "--results-dir", str(pytester.path / "strict"))
+    strict.assert_outcomes(failed=2)
+    strict.stdout.fnmatch_lines(["*candidate total: systematic error (whole): slope +1.0*"])

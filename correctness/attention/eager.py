@@ -60,6 +60,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
 class EagerUnfused:
     name: str = "eager-unfused"
 
+    def visible(self, shape, device: torch.device) -> torch.Tensor:
+        """The keys each query may attend (a deliberately wrong variant overrides it)."""
+        return visible_keys(shape, device)
+
     def run(self, inputs: AttentionInputs) -> PathOutput:
         shape = inputs.shape
         q, k, v = (x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
@@ -69,7 +73,7 @@ class EagerUnfused:
         batch, heads, n, dim = qh.shape
         q3, k3, v3 = (x.reshape(batch * heads, n, dim) for x in (qh, kh, vh))
         logits = gemm(q3, k3.transpose(1, 2), alpha=shape.softmax_scale)
-        masked = logits.float().masked_fill(~visible_keys(shape, q.device), MASKED_LOGIT)
+        masked = logits.float().masked_fill(~self.visible(shape, q.device), MASKED_LOGIT)
         probabilities = torch.softmax(masked, dim=-1).to(q.dtype)
         out = from_heads_first(shape, gemm(probabilities, v3).reshape(batch, heads, n, dim))
         out.backward(inputs.grad_out)

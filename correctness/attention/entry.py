@@ -11,6 +11,7 @@ from correctness.entries import (
     controls_sentence,
     count,
     determinism_sentence,
+    evidence_sentence,
     ran_cases,
     ratio_range,
     skipped_sentence,
@@ -87,7 +88,7 @@ def entry_text(record: dict[str, Any]) -> dict[str, str]:
             f" {ratio_range(ratios)} x {default} (worst {kind}-layer tensor, {_case_label(case)} {worst['tensor']},"
             f" {bound_sentence(worst, rule)})"
         )
-    detail = "; ".join(parts + [determinism_sentence(record), controls_sentence(record)])
+    detail = "; ".join(parts + [evidence_sentence(record), determinism_sentence(record), controls_sentence(record)])
     skipped = skipped_sentence(record)
     note = where_sentence(record) + "; one attention call per case, not a training run"
     return {"shape": _shape_sentence(record), "detail": detail, "note": note + (f"; {skipped}" if skipped else "")}

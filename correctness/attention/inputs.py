@@ -8,9 +8,11 @@ same on every device), then rounded to the shape's dtype and moved to the device
 - q and k RMS-normalised per head over head_dim, times seeded per-dimension gains near 1 (q_norm,
   k_norm), so that under softmax scale 1.0 the logits have their real size (std near sqrt(head_dim));
 - v RMS-normalised without a gain, as Gemma-4 does; the upstream gradient standard normal.
-The "window-edge" variant then makes, for the first query head of every group, the key exactly one
-position outside the window a copy of the query: a window one too wide takes in a key whose logit
-is about head_dim, so an off-by-one window fails by a wide margin.
+The "window-edge" variant then makes, for the first query head of every group, both keys at the
+window's edge strong: the key just outside it and the farthest key inside it are each the query's
+copy (a key serves two queries, so it is the sum of two copies). Each such query puts nearly all
+its weight on the farthest key inside, whose logit is about head_dim: a window one too wide adds an
+equally strong key, one too narrow drops the strong one, and either fails by a wide margin.
 
 Captured inputs (`correctness capture-attention`, correctness/attention/capture.py: safetensors,
 one file per layer, q, k, v and the model's attention output `out`, BSHD, at the recipe's
@@ -89,7 +91,8 @@ def synthetic_inputs(shape: AttentionShape, seed: int, device: torch.device, var
             raise CaseInputError(f"window-edge inputs need a window shorter than the sequence ({shape.id})")
         width = shape.window[0] + 1  # the query itself and window[0] keys before it
         first_heads = torch.arange(g) * shape.gqa_ratio
-        k[:, : s - width] = q[:, width:, first_heads]
+        k[:, : s - width + 1] = q[:, width - 1 :, first_heads]  # the farthest key inside query i's window: i - width + 1
+        k[:, : s - width] += q[:, width:, first_heads]  # the key just outside it: i - width
     return _finish(shape, device, q, k, v, grad_out)
 
 

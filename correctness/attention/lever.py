@@ -9,8 +9,11 @@ Tiers, each a Lever of its own:
 Cases: two seeded model-like synthetic cases per layer kind, one window-edge case per windowed
 kind (all required), and four captured checkpoint cases (the first and last layer of each kind),
 optional: they skip without a folder of captures (made by `correctness capture-attention`).
-Negative controls: the candidate with a window one key too wide, and with the softmax scale
-1/sqrt(head_dim) where the model uses another (Gemma: 1.0).
+Negative controls: the candidate with a window one key too wide and one key too narrow (on the
+window-edge case, whose inputs make both edges decisive), and with the softmax scale
+1/sqrt(head_dim) where the model uses another (Gemma: 1.0). Every tensor is judged whole and per
+head and block of 128 positions; a single visible key must give its value exactly
+(correctness/attention/judging.py).
 
 On the recipe's GPU each case expects the TE backend the recipe says runs on its layer kind
 (correctness/attention/claims.py); where TE's auto choice is the default's own unfused kernel the
@@ -23,6 +26,7 @@ from pathlib import Path as FilePath
 
 from correctness.attention.claims import expected_te_backends
 from correctness.attention.eager import EagerUnfused
+from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
@@ -108,6 +112,11 @@ def window_too_wide(shape: AttentionShape) -> tuple[int, int]:
     return (left + 1, right)
 
 
+def window_too_narrow(shape: AttentionShape) -> tuple[int, int]:
+    left, right = shape.window
+    return (left - 1, right)
+
+
 def window_control_inapplicable(case: Case) -> str | None:
     """The window control runs on the cases built to expose a wrong window. On model-like inputs
     one extra key among a window's worth of keys with random logits moves the output by about the
@@ -136,6 +145,15 @@ def controls(candidate: Path) -> tuple[Control, ...]:
                 base=candidate,
                 mutation="window one key too wide",
                 mutate=lambda inputs: inputs.with_shape(window=window_too_wide(inputs.shape)),
+            ),
+            why_inapplicable=window_control_inapplicable,
+        ),
+        Control(
+            name="window one short",
+            path=Mutated(
+                base=candidate,
+                mutation="window one key too narrow",
+                mutate=lambda inputs: inputs.with_shape(window=window_too_narrow(inputs.shape)),
             ),
             why_inapplicable=window_control_inapplicable,
         ),
@@ -170,17 +188,21 @@ def attention_backend_lever(
         reference=Fp64Reference(),
         controls=controls(candidate),
         compares_kernels=True,
+        slicing=SLICING,
+        invariants=(SINGLE_KEY_ROWS,),
     )
 
 
-def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """Smoke scale on the CPU: SDPA's flash CPU kernel (FP32 logits) against the eager unfused path."""
+def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Path | None = None) -> list[Lever]:
+    """Smoke scale on the CPU: SDPA's flash CPU kernel (FP32 logits), or the given candidate
+    (any path taking AttentionInputs), against the eager unfused path."""
     recipe = lever_recipe(recipe_id, options.recipe)
+    what = "torch SDPA's flash CPU kernel" if candidate is None else candidate.name
     return [
         attention_backend_lever(
             recipe=recipe, tier="cpu", scale=SMOKE_SCALE, device="cpu",
-            candidate=Sdpa("flash"), default=EagerUnfused(), options=options,
-            description="torch SDPA's flash CPU kernel against an eager unfused attention and an FP64 reference",
+            candidate=candidate or Sdpa("flash"), default=EagerUnfused(), options=options,
+            description=f"{what} against an eager unfused attention and an FP64 reference",
         )
     ]
 

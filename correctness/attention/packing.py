@@ -15,6 +15,7 @@ import torch
 
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import AttentionInputs, synthetic_inputs
+from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
@@ -119,7 +120,7 @@ def packing_lever(
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref, device=device,
         cases=tuple(cases), candidate=packed, default=PerRow(packed), reference=Fp64Reference(),
-        controls=packing_controls(packed),
+        controls=packing_controls(packed), slicing=SLICING, invariants=(SINGLE_KEY_ROWS,),
     )
 
 

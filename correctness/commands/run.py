@@ -56,6 +56,8 @@ def add_arguments(parser) -> None:
                         help="pytest-xdist workers, 0 or more (default: one per GPU where there are several)")
     parser.add_argument("--checkpoint-cases", help="folder of captured attention inputs")
     parser.add_argument("--model-checkpoint", help="the model's Hugging Face checkpoint folder")
+    parser.add_argument("--strict-systematic", action="store_true",
+                        help="fail a case whose candidate shows a systematic error (scale slope or offset)")
 
 
 def markers(recipe, tier: str) -> str:
@@ -165,6 +167,8 @@ def run(args) -> int:
         value = getattr(args, option)
         if value:
             selected += [f"--{option.replace('_', '-')}", value]
+    if args.strict_systematic:
+        selected.append("--strict-systematic")
     command = [*selected, "-rs"]
     workers = args.workers if args.workers is not None else (torch.cuda.device_count() if args.tier != "cpu" else 0)
     if workers > 1:

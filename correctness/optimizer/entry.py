@@ -9,6 +9,7 @@ from correctness.entries import (
     controls_sentence,
     count,
     determinism_sentence,
+    evidence_sentence,
     ran_cases,
     ratio_range,
     sci,
@@ -115,7 +116,7 @@ def entry_text(record: dict[str, Any]) -> dict[str, str]:
     if cpu:
         identical = "bitwise identical to" if cpu["bitwise_identical_to_default"] else "not bitwise identical to"
         parts.append(f"the CPU partition is {identical} the default")
-    detail = "; ".join(parts + [determinism_sentence(record), controls_sentence(record)])
+    detail = "; ".join(parts + [evidence_sentence(record), determinism_sentence(record), controls_sentence(record)])
     notes = [where_sentence(record)]
     slack = [name for name in gpu.get("slack_only", [])]
     if slack:

@@ -17,13 +17,13 @@ bias correction, BF16 masters, and no gradient clipping.
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
 import torch
 
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path, Streamed
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Path, Streamed
 from correctness.models import ModelFacts, load_model
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
@@ -274,6 +274,31 @@ def megatron_candidate(setting: OffloadSetting, device: str) -> OffloadCandidate
     )
 
 
+def bf16_weights_are_rounded_masters(inputs: Any, tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """Each parameter's BF16 weights after the steps equal its FP32 master rounded to nearest even:
+    the copy the next forward pass reads. A copy not refreshed after a step, truncated instead of
+    rounded, or rounded from another value breaks it exactly; no bound is needed."""
+    broken, checked = [], 0
+    for name, bf16 in tensors.items():
+        if not name.endswith(":bf16"):
+            continue
+        master = tensors.get(name.removesuffix(":bf16") + ":master")
+        if master is None or master.dtype != torch.float32 or bf16.dtype != torch.bfloat16:
+            continue
+        checked += 1
+        differ = bf16.cpu() != master.cpu().to(torch.bfloat16)
+        if bool(differ.any()):
+            broken.append(f"{name.removesuffix(':bf16')} ({int(differ.sum())} of {bf16.numel()} elements)")
+    if not broken:
+        return None
+    return f"{len(broken)} of {checked} parameters' BF16 weights are not their FP32 masters rounded: {', '.join(broken[:3])}"
+
+
+BF16_WEIGHTS_ARE_ROUNDED_MASTERS = Invariant(
+    name="BF16 weights are the FP32 masters rounded to nearest", check=bf16_weights_are_rounded_masters
+)
+
+
 def _unclipped_whole(inputs: WholeInventory) -> WholeInventory:
     return inputs.mutated(unclipped)
 
@@ -299,6 +324,7 @@ def offload_lever(
         secondary_references=(join(Fp64AdamW(fp32_hyperparameters=True)),),
         summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
         cpu_threads=1 if device == "cpu" else None,  # blocks of at most 2.1M elements: one thread is as fast
+        invariants=(BF16_WEIGHTS_ARE_ROUNDED_MASTERS,),
     )
 
 
@@ -306,13 +332,18 @@ def describe(setting: OffloadSetting) -> str:
     return f"CPU optimizer offload fraction {setting.fraction:g} against fraction 1.0 and an FP64 reference"
 
 
-def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
+def cpu_tier(
+    recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE, candidate: Path | None = None
+) -> list[Lever]:
     """On the CPU (smoke scale in CI; the benchmark runs it at the recipe scale): the GPU share on an
-    eager AdamW with TE FusedAdam's FP32 arithmetic."""
+    eager AdamW with TE FusedAdam's FP32 arithmetic, or `candidate` (any path taking an
+    OptimizerUnit) in place of the whole split; the controls stay the split's."""
     setting = offload_setting(recipe_id, scale, options)
+    split = split_candidate(setting, EagerAdamW)
     return [
         offload_lever(
-            setting, tier="cpu", device="cpu", options=options, candidate=split_candidate(setting, EagerAdamW)
+            setting, tier="cpu", device="cpu", options=options,
+            candidate=split if candidate is None else replace(split, path=candidate),
         )
     ]
 

@@ -1,0 +1,112 @@
+"""A catalogue of realistic wrong implementations, each one small declaration, run as candidates
+through the levers' own CPU tiers to show what the evidence catches (tests/test_evidence_power.py,
+benchmarks/evidence_power.py, the README's "What the bound cannot see").
+
+Each is built on a lever's honest path: the attention ones on the eager unfused path (the
+default's numerics, so that what fails is the wrong computation and nothing else; their backend
+names the mutation, so none is taken for the default's own kernel), the optimizer's on the offload
+split. `changes(case)` says whether the mistake changes the computation on a case (a window
+mistake changes nothing on a layer without a window), `caught_on(case)` where the suite claims to
+catch it: there the case must fail, or for a scale error be flagged `systematic`. A window one key
+off changes a model-like case's output by about the BF16 default's own error or less (each query
+spreads its weight over a thousand keys, so one key more or less at the edge moves a few rows at
+most), so only the window-edge case, built to expose it, claims it.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from correctness.attention.eager import EagerUnfused
+from correctness.attention.lever import window_too_narrow, window_too_wide
+from correctness.lever import Case, Mutated, Path
+
+LAST_BLOCK = 64  # rows: the last block of a 64-row kernel tile
+ONE_BF16_ULP = 2.0**-8  # an output scaled by 1 + 2^-8, one BF16 unit roundoff
+
+
+@dataclass(frozen=True)
+class HiddenLastKeys(EagerUnfused):
+    """The eager path with the last `keys` keys of each row masked out, as a kernel that drops its
+    last tile of keys would."""
+
+    keys: int = LAST_BLOCK
+    name: str = "eager-unfused"
+
+    def visible(self, shape, device: torch.device) -> torch.Tensor:
+        visible = super().visible(shape, device)
+        token = torch.arange(shape.tokens, device=device)
+        ends = torch.tensor(shape.cu_seqlens[1:] if shape.cu_seqlens else (shape.seq_len,), device=device)
+        row_end = ends[torch.searchsorted(ends, token, right=True)]
+        hidden = token >= row_end - self.keys
+        return visible & ~hidden[None, :]
+
+
+def _scaled_out(inputs, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = tensors["out"]
+    return {**tensors, "out": (out.float() * (1.0 + ONE_BF16_ULP)).to(out.dtype)}
+
+
+def _stale_bf16(unit, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each parameter's BF16 weights left as they were before the steps."""
+    return {
+        name: (unit.weights.to(tensor.dtype) if name.endswith(":bf16") and name.startswith(f"{unit.param.name}:")
+               else tensor)
+        for name, tensor in tensors.items()
+    }
+
+
+def _has_window(case: Case) -> bool:
+    return case.shape.window is not None
+
+
+def _always(case: Case) -> bool:
+    return True
+
+
+def _window_edge(case: Case) -> bool:
+    return case.variant == "window-edge"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WrongImplementation:
+    name: str
+    lever: str  # the lever whose CPU tier judges it
+    build: Callable[[Path], Path]  # from the lever's honest path
+    changes: Callable[[Case], bool] = _always
+    caught_on: Callable[[Case], bool] = _always
+    expected: str = "fail"  # or "systematic": flagged by the diagnostic (a failure with --strict-systematic)
+
+
+def _attention(mutation: str, **changes) -> Callable[[Path], Path]:
+    return lambda base: Mutated(base=base, mutation=mutation, **changes)
+
+
+def _window(change: Callable) -> Callable:
+    """The inputs with the window changed; a shape without a window is left as it is."""
+    return lambda inputs: inputs if inputs.shape.window is None else inputs.with_shape(window=change(inputs.shape))
+
+
+CATALOGUE = (
+    WrongImplementation(
+        name="window one key too narrow", lever="attention-backend", changes=_has_window, caught_on=_window_edge,
+        build=_attention("window one key too narrow", mutate=_window(window_too_narrow)),
+    ),
+    WrongImplementation(
+        name="window one key too wide", lever="attention-backend", changes=_has_window, caught_on=_window_edge,
+        build=_attention("window one key too wide", mutate=_window(window_too_wide)),
+    ),
+    WrongImplementation(
+        name=f"keys of the last {LAST_BLOCK}-row block masked out", lever="attention-backend",
+        build=lambda base: Mutated(base=HiddenLastKeys(), mutation=f"last {LAST_BLOCK} keys masked out"),
+    ),
+    WrongImplementation(
+        name="output scaled by one BF16 ulp (1 + 2^-8)", lever="attention-backend", expected="systematic",
+        build=_attention("output x (1 + 2^-8)", change_outputs=_scaled_out),
+    ),
+    WrongImplementation(
+        name="BF16 weights not refreshed from the FP32 masters", lever="optimizer-offload",
+        build=lambda base: Mutated(base=base, mutation="BF16 weights not refreshed", change_outputs=_stale_bf16),
+    ),
+)
