@@ -33,10 +33,16 @@ def levers():
         yield "optimizer-offload", offload.cpu_tier(recipe, LeverOptions())[0]
 
 
+def _over(t) -> float:
+    return max(t.systematic.over_threshold, t.slices.systematic.over_threshold if t.slices else 0.0)
+
+
 def figures(result) -> dict:
+    """The figures of one judged candidate; its systematic figure is, per tensor, the smallest over
+    the reference and the secondary references (a slope one of them explains is not flagged)."""
     tensors = result.candidate.tensors
-    systematic = max(max(t.systematic.over_threshold, t.slices.systematic.over_threshold if t.slices else 0.0)
-                     for t in tensors)
+    secondary = [{t.tensor: t for t in judgement.tensors} for judgement in result.secondary]
+    systematic = max(min([_over(t)] + [_over(other[t.tensor]) for other in secondary]) for t in tensors)
     return {
         "status": result.status,
         "whole": max(t.whole_error_over_bound for t in tensors),

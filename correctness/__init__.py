@@ -2,16 +2,17 @@
 
 The public API for declaring and running a lever:
 
-    Lever, Case, Control, Mutated, PathOutput, LeverOptions, RecipeRef  (declarations)
+    Lever, Case, Control, Invariant, Mutated, PathOutput, LeverOptions, RecipeRef, Slicing  (declarations)
     Rule, DEFAULT_RULE                                                  (the pass rule)
-    run_case, run_lever, write_record, read_record                      (running, records)
+    run_case, run_candidates, run_lever, write_record, read_record      (running, records)
 
 pytest users load `correctness.pytest_plugin` from their conftest.py.
 """
 
 from correctness.errors import CorrectnessError, PathUnavailable
-from correctness.harness import run_case, run_lever
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, PathOutput, RecipeRef
+from correctness.compare import Slicing
+from correctness.harness import run_candidates, run_case, run_lever
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, RecipeRef
 from correctness.results import read_record, write_record
 from correctness.rule import DEFAULT_RULE, Rule
 
@@ -20,6 +21,7 @@ __all__ = [
     "Case",
     "Control",
     "CorrectnessError",
+    "Invariant",
     "Lever",
     "LeverOptions",
     "Mutated",
@@ -27,7 +29,9 @@ __all__ = [
     "PathUnavailable",
     "RecipeRef",
     "Rule",
+    "Slicing",
     "read_record",
+    "run_candidates",
     "run_case",
     "run_lever",
     "write_record",
