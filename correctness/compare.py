@@ -55,7 +55,7 @@ class Slicing:
         *leading, block, head = index
         first = block * self.block
         where = f"positions {first}-{min(first + self.block, positions) - 1}, head {head}"
-        return ", ".join([*(f"index {i} of dim {d}" for d, i in enumerate(leading)), where])
+        return ", ".join([*(f"batch {i}" for i in leading), where])
 
     def describe(self) -> str:
         return f"per head and per {self.block} positions"

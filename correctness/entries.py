@@ -111,7 +111,8 @@ def evidence_sentence(record: dict[str, Any]) -> str:
                 f" ({worst['tensor']}, {slices['worst']}, {case['case_id']})"
             )
     if lever.get("invariants"):
-        parts.append(f"{and_list(lever['invariants'])} held on every run")
+        names = lever["invariants"]
+        parts.append(f"the invariant{'s' if len(names) > 1 else ''} ({and_list(names)}) held on every run")
     flagged = sorted({t for case in cases for t in case["systematic"]})
     if flagged:
         shown = ", ".join(flagged[:3]) + (f" and {len(flagged) - 3} more" if len(flagged) > 3 else "")

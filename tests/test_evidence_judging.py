@@ -47,7 +47,7 @@ def test_an_error_confined_to_one_slice_passes_whole_and_fails_its_slice():
     assert not sliced.passes and sliced.error <= sliced.bound  # the whole is still inside its bound
     assert sliced.slices.count == 2 * 8 * 4 and sliced.slices.failing == 1
     assert sliced.slices.worst_index == (1, 2, 2)
-    assert sliced.slices.worst == "index 1 of dim 0, positions 8-11, head 2"
+    assert sliced.slices.worst == "batch 1, positions 8-11, head 2"
     assert sliced.error_over_bound == sliced.slices.error_over_bound > 1.0
 
 
@@ -97,7 +97,7 @@ def test_pieces_along_a_leading_dimension_keep_their_slices():
         accumulator.add(judged[row : row + 1], reference[row : row + 1].clone(), reference[row : row + 1])
     whole = compare_tensor("out", judged, reference.clone(), reference, RULE, slicing=SLICES)
     pieces = accumulator.result()
-    assert pieces.slices.worst == whole.slices.worst == "index 1 of dim 0, positions 8-11, head 2"
+    assert pieces.slices.worst == whole.slices.worst == "batch 1, positions 8-11, head 2"
     assert math.isclose(pieces.slices.error_over_bound, whole.slices.error_over_bound, rel_tol=1e-12)
 
 
