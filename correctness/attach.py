@@ -21,7 +21,7 @@ import datetime
 import importlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 from correctness.entries import count, errors_sentence, generic_text, gpu_label, ran_cases
@@ -128,7 +128,7 @@ def _component_tests(document: Any, name: str) -> Any:
 
 
 @contextlib.contextmanager
-def editing(recipe_path: str | FilePath, dry_run: bool = False) -> Iterator[None]:
+def editing(recipe_path: str | Path, dry_run: bool = False) -> Iterator[None]:
     """The recipe's read-modify-write cycle: refused where the recipe is read-only, and serialised
     with every other attach to it by its lock (nothing for a dry run, which writes nothing)."""
     if dry_run:
@@ -140,18 +140,18 @@ def editing(recipe_path: str | FilePath, dry_run: bool = False) -> Iterator[None
         yield
 
 
-def attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], dry_run: bool = False) -> list[Attached]:
+def attach(recipe_path: str | Path, record_paths: Sequence[str | Path], dry_run: bool = False) -> list[Attached]:
     """Attach every record (all or none) and write the recipe once, under its lock; return what was done."""
     with editing(recipe_path, dry_run):
         return _attach(recipe_path, record_paths, dry_run)
 
 
-def _attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath], dry_run: bool) -> list[Attached]:
+def _attach(recipe_path: str | Path, record_paths: Sequence[str | Path], dry_run: bool) -> list[Attached]:
     from ruamel.yaml.comments import CommentedMap
 
     recipe = load_recipe(recipe_path)
     validate_recipe(recipe.data, recipe.id)
-    records = [(FilePath(path), read_record(path)) for path in record_paths]
+    records = [(Path(path), read_record(path)) for path in record_paths]
     for path, record in records:
         problems = record_problems(record, recipe)
         if problems:
@@ -177,7 +177,7 @@ def _attach(recipe_path: str | FilePath, record_paths: Sequence[str | FilePath],
     return done
 
 
-def attach_convergence(recipe_path: str | FilePath, block: dict[str, Any], note: str) -> None:
+def attach_convergence(recipe_path: str | Path, block: dict[str, Any], note: str) -> None:
     """Replace the recipe's correctness.convergence with a checked block (the same atomic,
     byte-preserving write, under the same lock, as the component tests')."""
     from ruamel.yaml.comments import CommentedMap

@@ -2,7 +2,7 @@
 numerics changes need (attached, run on the recipe's GPU, passing), and its convergence block."""
 
 from dataclasses import dataclass
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 from correctness.classify import COVERED, FAILED, Classification, classify_recipe
@@ -54,7 +54,7 @@ def _convergence(recipe: Recipe) -> Finding:
     return Finding("convergence", status, f"{result}: {figures}")
 
 
-def check_recipe(path: str | FilePath, reference: str | FilePath | None = None) -> RecipeCheck:
+def check_recipe(path: str | Path, reference: str | Path | None = None) -> RecipeCheck:
     """The recipe's verdict. A recipe whose model has no model facts (fixtures/models/<model>.yaml)
     gets none: it is refused as bad input (RecipeError, exit 2), not failed or left incomplete.
 

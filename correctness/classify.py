@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -163,12 +163,12 @@ def default_rules() -> Rules:
     return _read_rules(text, "correctness/rules/arguments.yaml")
 
 
-def load_rules(path: str | FilePath | None = None) -> Rules:
+def load_rules(path: str | Path | None = None) -> Rules:
     """A rules file; without a path, the package's own."""
     if path is None:
         return default_rules()
     try:
-        text = FilePath(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise RulesError(f"rules {path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
     return _read_rules(text, str(path))
@@ -357,15 +357,15 @@ def classify(candidate: Recipe, reference_arguments: Arguments, rules: Rules | N
                           lever_results=results)
 
 
-def reference_path(candidate: Recipe) -> FilePath:
+def reference_path(candidate: Recipe) -> Path:
     """The default reference of a recipe: fixtures/references/<recipe id>.yaml."""
     return REFERENCES_DIR / f"{candidate.id}.yaml"
 
 
-def load_reference(path: str | FilePath) -> dict[str, list[list[str]]]:
+def load_reference(path: str | Path) -> dict[str, list[list[str]]]:
     """The training arguments of a reference file: any YAML mapping with a `run:` script holding a
     train.py command (a reference file under fixtures/references/, or a whole recipe)."""
-    path = FilePath(path)
+    path = Path(path)
     label = f"reference {path}"
     data = load_yaml(read_yaml_input(path, label), label)  # the recipes' limits: size, aliases, depth
     if not isinstance(data, dict) or "run" not in data:
@@ -381,10 +381,10 @@ def load_reference(path: str | FilePath) -> dict[str, list[list[str]]]:
     return arguments
 
 
-def classify_recipe(candidate: Recipe, reference: str | FilePath | None = None,
+def classify_recipe(candidate: Recipe, reference: str | Path | None = None,
                     rules: Rules | None = None) -> Classification:
     """classify() against a reference file: the given one, or the recipe's default reference."""
-    path = FilePath(reference) if reference is not None else reference_path(candidate)
+    path = Path(reference) if reference is not None else reference_path(candidate)
     if reference is None and not path.is_file():
         raise RecipeError(f"reference {path}: no such file, the default reference of recipe {candidate.id} "
                           "(give one with --reference)")

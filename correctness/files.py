@@ -26,7 +26,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
-from pathlib import Path as FilePath
+from pathlib import Path
 
 from correctness.errors import CorrectnessError
 
@@ -51,7 +51,7 @@ def _size(limit: int) -> str:
     return f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit:,} bytes"
 
 
-def read_input(path: str | FilePath, label: str, error: type[CorrectnessError] = CorrectnessError,
+def read_input(path: str | Path, label: str, error: type[CorrectnessError] = CorrectnessError,
                limit: int = INPUT_LIMIT, kind: str = "an input file") -> bytes:
     """The bytes of a regular file of at most `limit` bytes; else `error` naming `label`.
 
@@ -86,7 +86,7 @@ def folder_parts(name: object, several: bool = True) -> list[str] | None:
     return None if not parts or unsafe or (len(parts) > 1 and not several) else parts
 
 
-def temporary_path(target: FilePath) -> FilePath:
+def temporary_path(target: Path) -> Path:
     """Where a write to `target` puts its bytes first: `.NAME.PID.tmp` beside it."""
     return target.with_name(f".{target.name}.{os.getpid()}.tmp")
 
@@ -101,7 +101,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def stray_temporaries(target: FilePath, now: float | None = None) -> list[FilePath]:
+def stray_temporaries(target: Path, now: float | None = None) -> list[Path]:
     """Temporary files an interrupted write to `target` left behind: `.NAME.PID.tmp` older than
     TEMPORARY_GRACE seconds whose process is gone from this host, or older than TEMPORARY_STALE
     whatever their pid. A live writer's file is younger than either (a write takes milliseconds),
@@ -128,19 +128,19 @@ def stray_temporaries(target: FilePath, now: float | None = None) -> list[FilePa
     return stray
 
 
-def remove_stray_temporaries(target: FilePath) -> None:
+def remove_stray_temporaries(target: Path) -> None:
     for path in stray_temporaries(target):
         with contextlib.suppress(OSError):
             path.unlink()
 
 
-def write_target(path: str | FilePath) -> FilePath:
+def write_target(path: str | Path) -> Path:
     """The file a write to `path` replaces: a symlink's target (the link stays a link)."""
-    return FilePath(path).resolve()
+    return Path(path).resolve()
 
 
-def replace_file(path: str | FilePath, data: bytes, label: str,
-                 error: type[CorrectnessError] = CorrectnessError) -> FilePath:
+def replace_file(path: str | Path, data: bytes, label: str,
+                 error: type[CorrectnessError] = CorrectnessError) -> Path:
     """Replace `path` (through a symlink, its target) with `data` atomically, keeping the mode of a
     file it replaces; return the file written. Strays of earlier interrupted writes go first. On
     failure (a read-only folder or filesystem, a full disk) `error` reports the write's own error
@@ -168,7 +168,7 @@ def replace_file(path: str | FilePath, data: bytes, label: str,
     return target
 
 
-def refuse_read_only(path: str | FilePath, label: str, error: type[CorrectnessError] = CorrectnessError) -> None:
+def refuse_read_only(path: str | Path, label: str, error: type[CorrectnessError] = CorrectnessError) -> None:
     """Refuse, before anything is read or locked, to rewrite a file its owner made read-only (no
     write bit, e.g. mode 0444: root would write it regardless, so the mode bits decide), one on a
     read-only filesystem, or one this process may not write (a rename would replace it anyway)."""
@@ -186,12 +186,12 @@ def refuse_read_only(path: str | FilePath, label: str, error: type[CorrectnessEr
         raise error(f"{label}: cannot be written ({os.strerror(errno.EACCES)})")
 
 
-def lock_path(target: FilePath) -> FilePath:
+def lock_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.lock")
 
 
 @contextlib.contextmanager
-def locked(path: str | FilePath, label: str, error: type[CorrectnessError] = CorrectnessError) -> Iterator[FilePath]:
+def locked(path: str | Path, label: str, error: type[CorrectnessError] = CorrectnessError) -> Iterator[Path]:
     """Hold an exclusive advisory lock for `path` (its symlink target) for the body; yield the target.
 
     The lock file is removed on release. A waiter may then hold a lock on the removed file, so

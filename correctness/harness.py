@@ -22,7 +22,7 @@ import torch
 
 from correctness.compare import OutputsAccumulator, bitwise_equal, outputs_baselines
 from correctness.errors import PathUnavailable
-from correctness.lever import Case, Lever, Path, PathOutput, Streamed, runs_backend
+from correctness.lever import Case, Lever, Implementation, PathOutput, Streamed, runs_backend
 from correctness.provenance import provenance
 from correctness.results import (
     FAIL,
@@ -52,7 +52,7 @@ class _Runs:
     """One path's runs over a case's units (in its role: candidate, default, a control...): what
     ran, and for how long in all."""
 
-    path: Path
+    path: Implementation
     device: torch.device
     role: str
     seconds: float = 0.0
@@ -240,7 +240,7 @@ def run_case(lever: Lever, case: Case, *, strict_systematic: bool = False) -> Ca
 
 
 def run_candidates(
-    lever: Lever, case: Case, candidates: Sequence[Path], *, strict_systematic: bool = False, repeat: bool = True
+    lever: Lever, case: Case, candidates: Sequence[Implementation], *, strict_systematic: bool = False, repeat: bool = True
 ) -> tuple[CaseResult, ...]:
     """Judge several candidates on one case, computing the inputs, the reference, the default, its
     repeat and the lever's controls once: one CaseResult per candidate, in order, each as
@@ -297,14 +297,14 @@ class _Candidate:
 
 
 def _run_candidates(
-    lever: Lever, case: Case, candidates: tuple[Path, ...], strict_systematic: bool, repeat: bool
+    lever: Lever, case: Case, candidates: tuple[Implementation, ...], strict_systematic: bool, repeat: bool
 ) -> tuple[CaseResult, ...]:
     started = time.perf_counter()
     if case.skip_reason:
         return tuple(_not_judged(case, started, skip_reason=case.skip_reason) for _ in candidates)
     device = torch.device(lever.device)
 
-    def judged(path: Path, role: str) -> _Judged:
+    def judged(path: Implementation, role: str) -> _Judged:
         return _Judged(
             runs=_Runs(path=path, device=device, role=role),
             comparisons=OutputsAccumulator(rule=lever.rule, slicing=lever.slicing),

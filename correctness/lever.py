@@ -2,19 +2,22 @@
 negative controls and the rule. The harness (`correctness.harness`) runs any lever; it knows
 none by name.
 
-A path is any object with a `name` and a `run(inputs) -> PathOutput`. Inputs are whatever the
+An implementation (a path) is any object with a `name` and a `run(inputs) -> PathOutput`. Inputs are whatever the
 lever's cases make; the harness never looks inside them.
 """
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path as FilePathType
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from correctness.compare import Slicing
 from correctness.rule import DEFAULT_RULE, Rule
+
+if TYPE_CHECKING:
+    from correctness.results import CaseResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +36,7 @@ def runs_backend(backend: str, expected: str) -> bool:
     return backend == expected or backend.startswith(f"{expected} (")
 
 
-class Path(Protocol):
+class Implementation(Protocol):
     """Runs the computation under test on a case's inputs. Raises PathUnavailable only where the
     backend refuses the case (a skip); any other exception fails the case with its message."""
 
@@ -52,7 +55,7 @@ class Mutated:
     wrong variant of a path. Its backend names the mutation, so that a mutant of the default's own
     kernel is never taken for that kernel."""
 
-    base: Path
+    base: Implementation
     mutation: str  # what is wrong, for names and reports: "window +1"
     mutate: Callable[[Any], Any] = _unchanged
     # (inputs, tensors) -> tensors: a wrong result computed from the right one (an output scaled)
@@ -91,7 +94,7 @@ class Control:
     else the reason it does not (a window control on a layer without a window)."""
 
     name: str
-    path: Path
+    path: Implementation
     why_inapplicable: Callable[["Case"], str | None] = always_applies
 
 
@@ -134,8 +137,8 @@ class LeverOptions:
     attention inputs and the model's Hugging Face checkpoint, where given, and a recipe file to take
     shapes from in place of the fixture recipe of the same model and GPU."""
 
-    checkpoint_dir: FilePathType | None = None
-    model_checkpoint: FilePathType | None = None
+    checkpoint_dir: Path | None = None
+    model_checkpoint: Path | None = None
     recipe: Any = None  # a user's recipe (correctness.recipes.Recipe) standing in for the fixture of its model and GPU
 
 
@@ -158,15 +161,15 @@ class Lever:
     recipe: RecipeRef
     device: str  # the torch device the tier runs on: "cpu" or "cuda"
     cases: tuple[Case, ...]
-    candidate: Path
-    default: Path
-    reference: Path
+    candidate: Implementation
+    default: Implementation
+    reference: Implementation
     controls: tuple[Control, ...]
     rule: Rule = DEFAULT_RULE
     rule_reason: str | None = None  # required where `rule` differs from the default
     # Informational references (e.g. FP64 with FP32-rounded hyperparameters): the candidate's and
     # the default's errors against each are recorded, never judged.
-    secondary_references: tuple[Path, ...] = ()
+    secondary_references: tuple[Implementation, ...] = ()
     # Lever-specific figures computed from a finished case (e.g. errors pooled per device share).
     summarize: Callable[["CaseResult"], Mapping[str, Any]] | None = None
     # The lever is a choice between kernels of one computation (an attention backend): a case on

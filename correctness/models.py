@@ -2,7 +2,7 @@
 
 import math
 from dataclasses import dataclass
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -79,7 +79,7 @@ class ModelFacts:
         )
 
 
-def model_file(model_name: str) -> FilePath:
+def model_file(model_name: str) -> Path:
     """fixtures/models/<name>.yaml for a recipe's `model:` value ("Gemma-4-31B" -> gemma-4-31b.yaml)."""
     return MODELS_DIR / f"{model_name.lower()}.yaml"
 

@@ -8,7 +8,7 @@ import platform
 import re
 import subprocess
 from functools import cache
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ def package_version(distribution: str) -> str | None:
 @cache
 def cpu_model() -> str:
     try:
-        for line in FilePath("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -66,7 +66,7 @@ def git_commit() -> str | None:
     try:
         result = subprocess.run(
             ["git", "rev-parse", "HEAD"],
-            cwd=FilePath(__file__).parent,
+            cwd=Path(__file__).parent,
             capture_output=True,
             text=True,
             timeout=5,

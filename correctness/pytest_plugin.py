@@ -23,7 +23,7 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path as FilePath
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,8 +108,8 @@ def lever_options(config) -> LeverOptions:
     model = config.getoption("model_checkpoint") or os.environ.get(MODEL_CHECKPOINT_ENV)
     recipe = config.getoption("recipe")
     return LeverOptions(
-        checkpoint_dir=FilePath(folder) if folder else None,
-        model_checkpoint=FilePath(model) if model else None,
+        checkpoint_dir=Path(folder) if folder else None,
+        model_checkpoint=Path(model) if model else None,
         recipe=load_recipe(recipe) if recipe else None,
     )
 
@@ -211,9 +211,9 @@ def lever_check(request):
     return check
 
 
-def _results_dir(config) -> FilePath:
+def _results_dir(config) -> Path:
     given = config.getoption("results_dir")
-    return FilePath(given) if given else FilePath(config.rootpath) / "results"
+    return Path(given) if given else Path(config.rootpath) / "results"
 
 
 def pytest_sessionfinish(session):
@@ -243,7 +243,7 @@ def pytest_sessionfinish(session):
     config.stash[_WRITTEN] = written
 
 
-def written_records(config) -> list[tuple[dict, FilePath]]:
+def written_records(config) -> list[tuple[dict, Path]]:
     """The records this session wrote, each with its path (merged from the workers' parts under
     pytest-xdist): for `correctness run --json`, read once the session has finished."""
     return list(config.stash.get(_WRITTEN, []))

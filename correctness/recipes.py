@@ -22,7 +22,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -80,7 +80,7 @@ class Recipe:
     """A recipe file, read; the fields the suite uses are properties that fail with the field's name."""
 
     id: str
-    path: FilePath
+    path: Path
     data: dict[str, Any]
     sha256: str
 
@@ -165,13 +165,13 @@ def _decoded(raw: bytes, label: str) -> str:
 DUPLICATE_KEY = re.compile(r'found duplicate key "(.*)" with value', re.DOTALL)
 
 
-def load_document(path: str | FilePath) -> Any:
+def load_document(path: str | Path) -> Any:
     """The recipe as an editable round-trip document (ruamel.yaml), for write_recipe. Call
     load_recipe first where the file is untrusted: it bounds aliases, which this does not."""
     from ruamel.yaml.constructor import DuplicateKeyError
     from ruamel.yaml.error import YAMLError
 
-    path = FilePath(path)
+    path = Path(path)
     label = f"recipe {path}"
     text = _decoded(read_yaml_input(path, label), label)
     try:
@@ -194,7 +194,7 @@ def recipe_text(data: Any) -> str:
     return out.getvalue()
 
 
-def _starts_with_bom(path: FilePath) -> bool:
+def _starts_with_bom(path: Path) -> bool:
     try:
         with open(write_target(path), "rb") as existing:
             return existing.read(len(UTF8_BOM)) == UTF8_BOM
@@ -202,10 +202,10 @@ def _starts_with_bom(path: FilePath) -> bool:
         return False
 
 
-def write_recipe(path: str | FilePath, data: Any) -> None:
+def write_recipe(path: str | Path, data: Any) -> None:
     """Replace the recipe file atomically (correctness.files.replace_file: through a symlink, keeping
     its mode, one line on failure), keeping its UTF-8 byte order mark where it had one."""
-    path = FilePath(path)
+    path = Path(path)
     text = recipe_text(data).encode("utf-8")
     replace_file(path, (UTF8_BOM if _starts_with_bom(path) else b"") + text, f"recipe {path}", RecipeError)
 
@@ -324,7 +324,7 @@ def check_expansion(expansion: Expansion, limit: int) -> None:
         raise Refused(f"nested {expansion.depth} levels deep, more than the {MAX_DEPTH} this suite reads")
 
 
-def read_yaml_input(path: FilePath, label: str) -> bytes:
+def read_yaml_input(path: Path, label: str) -> bytes:
     """A YAML file's bytes: a regular file of at most YAML_LIMIT (see correctness.files)."""
     return read_input(path, label, RecipeError, limit=YAML_LIMIT, kind="a YAML file")
 
@@ -349,11 +349,11 @@ def load_yaml(raw: bytes, label: str, error: type[CorrectnessError] = RecipeErro
         loader.dispose()
 
 
-def load_recipe(path: str | FilePath) -> Recipe:
+def load_recipe(path: str | Path) -> Recipe:
     """Read a recipe file. Its id is its path below fixtures/recipes (without .yaml) when it lies
     there, else its file name without .yaml; it names the recipe's results folder, so a name that
     would lead elsewhere (`...yaml` gives `..`) is refused."""
-    path = FilePath(path)
+    path = Path(path)
     raw = read_yaml_input(path, f"recipe {path}")
     data = load_yaml(raw, f"recipe {path}")
     if not isinstance(data, dict):

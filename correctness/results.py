@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 from correctness.compare import Systematic, TensorComparison
@@ -192,7 +192,7 @@ def record_to_json(record: LeverRecord) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **_jsonable(record)}
 
 
-def record_path(data: Mapping[str, Any], results_dir: FilePath) -> FilePath:
+def record_path(data: Mapping[str, Any], results_dir: Path) -> Path:
     """results_dir/<recipe id>/<record id>.json, refused where an id would lead outside results_dir
     (an empty, `.` or `..` part, an absolute id; load_recipe refuses such a recipe id already)."""
     recipe_id, record_id = data["recipe"]["id"], data["lever"]["record_id"]
@@ -201,10 +201,10 @@ def record_path(data: Mapping[str, Any], results_dir: FilePath) -> FilePath:
                               ("record id", record_id, folder_parts(record_id, several=False))):
         if parts is None:
             raise CorrectnessError(f"{what} {name!r} would place a record outside the results folder {results_dir}")
-    return FilePath(results_dir).joinpath(*recipe_parts, f"{record_id}.json")
+    return Path(results_dir).joinpath(*recipe_parts, f"{record_id}.json")
 
 
-def write_record(record: LeverRecord | Mapping[str, Any], results_dir: FilePath, target: FilePath | None = None) -> FilePath:
+def write_record(record: LeverRecord | Mapping[str, Any], results_dir: Path, target: Path | None = None) -> Path:
     """Write a record (or its JSON form) atomically (correctness.files.replace_file), by default to
     results_dir/<recipe id>/<record id>.json; return its path. A write that fails (a read-only
     folder, a full disk) raises CorrectnessError with its own error, in one line."""
@@ -264,7 +264,7 @@ def _nonfinite_field(data: Any) -> tuple[str, float] | None:
     return None
 
 
-def read_record(path: FilePath) -> dict[str, Any]:
+def read_record(path: Path) -> dict[str, Any]:
     """Load a record, refusing (one line naming the file and the field) files of another format or
     format version, anything record.schema.json does not allow (a missing `lever`, `cases` that is
     not a list, a date that is not an ISO 8601 time), and a non-finite figure anywhere: the suite
@@ -272,7 +272,7 @@ def read_record(path: FilePath) -> dict[str, Any]:
     figure ("inf x") in a passing entry."""
     from correctness.schema import first_problem
 
-    path = FilePath(path)
+    path = Path(path)
     label = f"result record {path}"
     raw = read_input(path, label)
     try:

@@ -20,7 +20,7 @@ import torch
 
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.lever import window_too_narrow, window_too_wide
-from correctness.lever import Case, Mutated, Path
+from correctness.lever import Case, Mutated, Implementation
 
 LAST_BLOCK = 64  # rows: the last block of a 64-row kernel tile
 ONE_BF16_ULP = 2.0**-8  # an output scaled by 1 + 2^-8, one BF16 unit roundoff
@@ -73,13 +73,13 @@ def _window_edge(case: Case) -> bool:
 class WrongImplementation:
     name: str
     lever: str  # the lever whose CPU tier judges it
-    build: Callable[[Path], Path]  # from the lever's honest path
+    build: Callable[[Implementation], Implementation]  # from the lever's honest path
     changes: Callable[[Case], bool] = _always
     caught_on: Callable[[Case], bool] = _always
     expected: str = "fail"  # or "systematic": flagged by the diagnostic (a failure with --strict-systematic)
 
 
-def _attention(mutation: str, **changes) -> Callable[[Path], Path]:
+def _attention(mutation: str, **changes) -> Callable[[Implementation], Implementation]:
     return lambda base: Mutated(base=base, mutation=mutation, **changes)
 
 

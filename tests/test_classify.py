@@ -1,7 +1,7 @@
 """`correctness classify`: classing a tuned recipe's training arguments against its reference's."""
 
 import json
-from pathlib import Path as FilePath
+from pathlib import Path
 
 import pytest
 import yaml
@@ -318,7 +318,7 @@ def test_rules_entry_with_unknown_class_or_lever(tmp_path):
 # --- bad input ------------------------------------------------------------------------------------
 
 def _recipe_with_run(run):
-    return Recipe(id="inline", path=FilePath("inline.yaml"), data={"run": run, "correctness": {"component_tests": []}},
+    return Recipe(id="inline", path=Path("inline.yaml"), data={"run": run, "correctness": {"component_tests": []}},
                   sha256="0")
 
 

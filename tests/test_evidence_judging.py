@@ -263,7 +263,7 @@ class Refuses:
 
 
 def test_several_candidates_share_one_reference_default_and_control_run():
-    reference, default = Counting(CANDIDATE), Counting(DEFAULT)
+    default = Counting(DEFAULT)
     lever = toy_lever()
     lever = type(lever)(**{**vars(lever), "default": default})
     wrong = Mutated(base=CANDIDATE, mutation="doubled", mutate=lambda x: 2 * x)

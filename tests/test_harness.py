@@ -28,7 +28,7 @@ from correctness import (
     write_record,
 )
 from correctness.harness import build_record
-from correctness.results import FORMAT, FORMAT_VERSION, CaseResult, assess
+from correctness.results import FORMAT, FORMAT_VERSION, assess
 from correctness.rule import DEFAULT_FACTOR
 
 RECIPE = RecipeRef(id="toy/cpu/running-sum", model="Toy", gpu="none", sha256="0" * 64)

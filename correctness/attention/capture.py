@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,7 +70,7 @@ class _Stop(Exception):
 class Row:
     """One pre-tokenized row of the recipe's rows file, checked against the recipe."""
 
-    path: FilePath
+    path: Path
     sha256: str
     index: int
     column: str
@@ -81,7 +81,7 @@ class Row:
 class CapturedLayer:
     layer: int
     kind: str
-    path: FilePath
+    path: Path
     shapes: dict[str, tuple[int, ...]]
     out_rms: float
     metadata: dict[str, str]
@@ -89,7 +89,7 @@ class CapturedLayer:
 
 @dataclass(kw_only=True)
 class CaptureResult:
-    folder: FilePath
+    folder: Path
     row: Row
     layers: list[CapturedLayer] = field(default_factory=list)
     attention_calls: int = 0  # decoder attention calls made before the forward pass stopped
@@ -121,12 +121,12 @@ class CaptureResult:
 # --- model facts and layers -------------------------------------------------------------------
 
 
-def load_model_facts(recipe: Recipe, path: str | FilePath | None = None) -> ModelFacts:
+def load_model_facts(recipe: Recipe, path: str | Path | None = None) -> ModelFacts:
     """The recipe model's facts: fixtures/models/<model>.yaml, or the file at `path` (for a model
     the fixtures do not hold, such as the tests' tiny model). Its name must be the recipe's model."""
     if path is None:
         return load_model(recipe.model)
-    path = FilePath(path)
+    path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as error:
@@ -157,7 +157,7 @@ def _chosen_layers(model: ModelFacts, layers: Iterable[int] | None) -> tuple[int
 # --- rows ---------------------------------------------------------------------------------------
 
 
-def file_sha256(path: FilePath) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         while block := stream.read(1 << 22):
@@ -174,7 +174,7 @@ def _integer_lists(column_type) -> bool:
     return listed and pa.types.is_integer(column_type.value_type)
 
 
-def _token_column(schema, recipe: Recipe, path: FilePath, column: str | None) -> str:
+def _token_column(schema, recipe: Recipe, path: Path, column: str | None) -> str:
     names = list(schema.names)
     if column is not None:
         if column not in names:
@@ -194,13 +194,13 @@ def _token_column(schema, recipe: Recipe, path: FilePath, column: str | None) ->
     )
 
 
-def read_row(recipe: Recipe, path: str | FilePath, index: int = 0, column: str | None = None) -> Row:
+def read_row(recipe: Recipe, path: str | Path, index: int = 0, column: str | None = None) -> Row:
     """Row `index` of the recipe's parquet of pre-tokenized rows, after checking the file's sha256
     against the recipe's workload.dataset.build.parquet_sha256 and the row's length against its
     workload.row_tokens."""
     import pyarrow.parquet as pq
 
-    path = FilePath(path)
+    path = Path(path)
     expected = str(recipe.field(PARQUET_SHA256_FIELD)).lower()
     if not path.is_file():
         raise CaseInputError(f"rows file {path}: not found")
@@ -240,7 +240,7 @@ def _json(value: Any) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
-def _revision(checkpoint: FilePath, revision: str | None) -> str:
+def _revision(checkpoint: Path, revision: str | None) -> str:
     if revision:
         return revision
     found = _SNAPSHOT.search(str(checkpoint.resolve()))
@@ -300,7 +300,7 @@ def torch_device(name: str) -> torch.device:
     return device
 
 
-def _check_folder(folder: FilePath) -> None:
+def _check_folder(folder: Path) -> None:
     """The capture folder is a folder, or can be made: checked before the checkpoint loads (minutes
     for a large model), not when the first layer is saved. Nothing is made yet."""
     if folder.exists() and not folder.is_dir():
@@ -310,7 +310,7 @@ def _check_folder(folder: FilePath) -> None:
         raise CaseInputError(f"capture folder {folder}: {existing} is a file, not a folder")
 
 
-def _make_folder(folder: FilePath) -> None:
+def _make_folder(folder: Path) -> None:
     """Make the capture folder and write a probe file in it (removed): a read-only folder or a full
     disk is refused before the checkpoint loads."""
     try:
@@ -324,7 +324,7 @@ def _make_folder(folder: FilePath) -> None:
         raise CaseInputError(f"capture folder {folder}: cannot be written ({error.strerror or error})") from None
 
 
-def _check_weights(checkpoint: FilePath) -> None:
+def _check_weights(checkpoint: Path) -> None:
     """Every safetensors file of the checkpoint opens (its header is read, no tensor): a truncated or
     corrupt file is named in one line before transformers starts loading the others."""
     from safetensors import SafetensorError, safe_open
@@ -339,7 +339,7 @@ def _check_weights(checkpoint: FilePath) -> None:
             ) from None
 
 
-def _load(checkpoint: FilePath, device: torch.device):
+def _load(checkpoint: Path, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     placement = {}
@@ -377,7 +377,7 @@ def _check_call(layer: int, kind, query, key, kwargs) -> None:
         raise ShapeError(f"{where}: an attention-logit softcap, which the lever's paths do not model")
 
 
-def _save(path: FilePath, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+def _save(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -393,17 +393,17 @@ def _save(path: FilePath, tensors: dict[str, torch.Tensor], metadata: dict[str, 
 
 def capture_attention(
     *,
-    checkpoint: str | FilePath,
+    checkpoint: str | Path,
     recipe: Recipe,
-    rows: str | FilePath,
-    folder: str | FilePath,
+    rows: str | Path,
+    folder: str | Path,
     row_index: int = 0,
     layers: Sequence[int] | None = None,
     tp_rank: int = 0,
     device: str = "cuda",
     delegate: str = "sdpa",
     token_column: str | None = None,
-    model_facts: str | FilePath | None = None,
+    model_facts: str | Path | None = None,
     revision: str | None = None,
 ) -> CaptureResult:
     """Capture q, k, v and out of `layers` (default: the lever's checkpoint layers) at TP rank
@@ -411,7 +411,7 @@ def capture_attention(
     started = time.perf_counter()
     if delegate not in DELEGATES:
         raise CorrectnessError(f"capture: unknown attention implementation {delegate!r} (known: {DELEGATES})")
-    checkpoint, folder = FilePath(checkpoint), FilePath(folder)
+    checkpoint, folder = Path(checkpoint), Path(folder)
     target = torch_device(device)
     _check_folder(folder)
     for module in ("transformers", "pyarrow"):

@@ -30,7 +30,7 @@ as the unit tests write, or with safetensors' own {"format": "pt"}) is taken as 
 import json
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,8 +96,8 @@ def synthetic_inputs(shape: AttentionShape, seed: int, device: torch.device, var
     return _finish(shape, device, q, k, v, grad_out)
 
 
-def checkpoint_file(folder: FilePath, layer: int) -> FilePath:
-    return FilePath(folder) / f"layer-{layer:02d}.safetensors"
+def checkpoint_file(folder: Path, layer: int) -> Path:
+    return Path(folder) / f"layer-{layer:02d}.safetensors"
 
 
 CAPTURE_FORMAT = "correctness.attention-capture"
@@ -152,7 +152,7 @@ def _metadata_mismatch(
 
 def checkpoint_inputs(
     shape: AttentionShape,
-    path: FilePath,
+    path: Path,
     seed: int,
     device: torch.device,
     *,

@@ -22,7 +22,7 @@ case is "no kernel change" (bitwise identical), never evidence for a fused kerne
 
 import math
 from collections.abc import Mapping
-from pathlib import Path as FilePath
+from pathlib import Path
 
 from correctness.attention.claims import expected_te_backends
 from correctness.attention.eager import EagerUnfused
@@ -31,7 +31,7 @@ from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, syn
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation
 from correctness.models import ModelFacts, load_model
 from correctness.recipes import Recipe, lever_recipe
 from correctness.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
@@ -64,7 +64,7 @@ def checkpoint_layers(model: ModelFacts, kind: str) -> tuple[int, ...]:
 
 
 def checkpoint_case(
-    shape: AttentionShape, layer: int, folder: FilePath | None, recipe_groups: int | None = None,
+    shape: AttentionShape, layer: int, folder: Path | None, recipe_groups: int | None = None,
     expected_backend: str | None = None,
 ) -> Case:
     """A case on captured inputs (correctness capture-attention). `recipe_groups`: the key-value groups
@@ -137,7 +137,7 @@ def wrong_scale(shape: AttentionShape) -> float:
     return usual if not math.isclose(shape.softmax_scale, usual) else 1.0
 
 
-def controls(candidate: Path) -> tuple[Control, ...]:
+def controls(candidate: Implementation) -> tuple[Control, ...]:
     return (
         Control(
             name="window off by one",
@@ -169,7 +169,7 @@ def controls(candidate: Path) -> tuple[Control, ...]:
 
 
 def attention_backend_lever(
-    *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Path, default: Path, options: LeverOptions,
+    *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Implementation, default: Implementation, options: LeverOptions,
     description: str, claims: bool = False,
 ) -> Lever:
     """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
@@ -193,7 +193,7 @@ def attention_backend_lever(
     )
 
 
-def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Path | None = None) -> list[Lever]:
+def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation | None = None) -> list[Lever]:
     """Smoke scale on the CPU: SDPA's flash CPU kernel (FP32 logits), or the given candidate
     (any path taking AttentionInputs), against the eager unfused path."""
     recipe = lever_recipe(recipe_id, options.recipe)

@@ -19,7 +19,7 @@ from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Path, PathOutput
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, PathOutput
 from correctness.models import load_model
 from correctness.recipes import Recipe, lever_recipe
 from correctness.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape
@@ -38,7 +38,7 @@ GPU_SDPA_BACKENDS = ("efficient", "cudnn")  # flash takes no mask, and packed ro
 class PerRow:
     """A path run on each packed row on its own, in BSHD, its outputs packed back: no packing."""
 
-    base: Path
+    base: Implementation
 
     @property
     def name(self) -> str:
@@ -90,7 +90,7 @@ def needs_two_rows(case: Case) -> str | None:
     return None if rows >= 2 else f"{rows} packed row: no boundary to get wrong"
 
 
-def packing_controls(candidate: Path) -> tuple[Control, ...]:
+def packing_controls(candidate: Implementation) -> tuple[Control, ...]:
     return (
         Control(
             name="no row boundary",
@@ -108,7 +108,7 @@ def packing_controls(candidate: Path) -> tuple[Control, ...]:
 
 
 def packing_lever(
-    *, recipe: Recipe, tier: str, scale: Scale, device: str, packed: Path, description: str
+    *, recipe: Recipe, tier: str, scale: Scale, device: str, packed: Implementation, description: str
 ) -> Lever:
     model = load_model(recipe.model)
     cases = []

@@ -21,7 +21,7 @@ recipe, no run script, no correctness block where a lever result is needed, a mi
 """
 
 import argparse
-from pathlib import Path as FilePath
+from pathlib import Path
 
 from correctness.classify import (
     ERROR,
@@ -88,7 +88,7 @@ def _need(change: Change) -> str:
 def _shown(path: str) -> str:
     """A path relative to the working directory where it lies below it."""
     try:
-        return str(FilePath(path).resolve().relative_to(FilePath.cwd().resolve()))
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return path
 

@@ -28,7 +28,7 @@ import io
 import os
 import sys
 import tempfile
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,7 +69,7 @@ def markers(recipe, tier: str) -> str:
     return f"gpu or {own}" if own in GPU_MARKERS else "gpu"
 
 
-def writable_folder(path: FilePath) -> FilePath:
+def writable_folder(path: Path) -> Path:
     """The results folder, made if missing, once a probe file was written in it and removed: a
     folder the records cannot go to (read-only, a file in its place, a full disk) is refused before
     the tests run, where the plugin would find it only after the last one."""
@@ -116,7 +116,7 @@ class _Summary:
     """pytest plugin for --json: the records the session wrote."""
 
     def __init__(self) -> None:
-        self.records: list[tuple[dict, FilePath]] = []
+        self.records: list[tuple[dict, Path]] = []
 
     def pytest_unconfigure(self, config) -> None:
         # Imported here, once pytest has imported (and assertion-rewritten) the plugin itself.
@@ -144,7 +144,7 @@ def _report_to_stderr(active: bool):
         os.close(saved)
 
 
-def _record_summary(record: dict[str, Any], path: FilePath) -> dict[str, Any]:
+def _record_summary(record: dict[str, Any], path: Path) -> dict[str, Any]:
     cases: dict[str, int] = {}
     for case in record.get("cases", []):
         cases[case.get("status")] = cases.get(case.get("status"), 0) + 1
@@ -160,7 +160,7 @@ def run(args) -> int:
         load_model(recipe.model)
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error}") from None
-    results = writable_folder(FilePath(args.results_dir) if args.results_dir else RESULTS)
+    results = writable_folder(Path(args.results_dir) if args.results_dir else RESULTS)
     selection = markers(recipe, args.tier)
     selected = [str(COMPONENT_TESTS), "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
     for option in ("checkpoint_cases", "model_checkpoint"):

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Path, Streamed
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Implementation, Streamed
 from correctness.models import ModelFacts, load_model
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
@@ -246,13 +246,13 @@ class OffloadCandidate:
     once (Megatron's own optimizer makes its own split); the default and references then join
     their per-unit runs."""
 
-    path: Path
-    no_bias_correction: Path
-    bf16_masters: Path
+    path: Implementation
+    no_bias_correction: Implementation
+    bf16_masters: Implementation
     whole: bool = False
 
 
-def split_candidate(setting: OffloadSetting, device_share: Callable[..., Path]) -> OffloadCandidate:
+def split_candidate(setting: OffloadSetting, device_share: Callable[..., Implementation]) -> OffloadCandidate:
     """The modelled split: each parameter on its share's optimizer, `device_share` (a path class
     taking `bias_correction` and `master`) on the GPU share. The controls swap in wrong optimizers
     on both shares (on the CPU share, an eager AdamW, as torch's AdamW has no switch for either)."""
@@ -333,7 +333,7 @@ def describe(setting: OffloadSetting) -> str:
 
 
 def cpu_tier(
-    recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE, candidate: Path | None = None
+    recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE, candidate: Implementation | None = None
 ) -> list[Lever]:
     """On the CPU (smoke scale in CI; the benchmark runs it at the recipe scale): the GPU share on an
     eager AdamW with TE FusedAdam's FP32 arithmetic, or `candidate` (any path taking an

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from correctness.errors import CorrectnessError, PathUnavailable
-from correctness.lever import Path, PathOutput
+from correctness.lever import Implementation, PathOutput
 from correctness.optimizer.inputs import OptimizerUnit
 from correctness.optimizer.megatron_on_cpu import CpuFusedAdam, megatron_on_cpu, plain, reports_cuda
 from correctness.optimizer.paths import clipped, outputs
@@ -51,7 +51,7 @@ class WholeInventory:
 class AllUnits:
     """A per-unit path run over every unit of a whole inventory, its pieces joined per tensor."""
 
-    path: Path
+    path: Implementation
 
     @property
     def name(self) -> str:

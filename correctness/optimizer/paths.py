@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from correctness.errors import PathUnavailable
-from correctness.lever import Path, PathOutput
+from correctness.lever import Implementation, PathOutput
 from correctness.optimizer.inputs import OptimizerUnit
 from references.adamw import CLIP_EPSILON, AdamWHyperparameters, adamw_run, clip_coefficient
 
@@ -165,8 +165,8 @@ class OffloadSplit:
 
     fraction: float
     shares: Mapping[str, str]  # parameter name -> "cpu" or "gpu"
-    cpu: Path
-    device: Path
+    cpu: Implementation
+    device: Implementation
 
     @property
     def name(self) -> str:

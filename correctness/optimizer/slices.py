@@ -63,7 +63,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -609,7 +609,7 @@ def _experts(model: ModelFacts, spec: dict[str, Any], layer: int, kind: _Kind, e
 # --- checkpoint values -------------------------------------------------------------------------
 
 
-def _checkpoint_files(folder: FilePath) -> dict[str, FilePath]:
+def _checkpoint_files(folder: Path) -> dict[str, Path]:
     """Each tensor's safetensors file, from the index or from a single model.safetensors."""
     if not folder.is_dir():
         raise CaseInputError(f"checkpoint folder {folder} does not exist")
@@ -629,7 +629,7 @@ def _checkpoint_files(folder: FilePath) -> dict[str, FilePath]:
     raise CaseInputError(f"checkpoint folder {folder} has neither {INDEX_FILE} nor {SINGLE_FILE}")
 
 
-def _safe_open(file: FilePath) -> Any:
+def _safe_open(file: Path) -> Any:
     """safetensors' reader, imported only here: a GPU image without safetensors runs every case but
     the checkpoint ones."""
     try:
@@ -655,15 +655,15 @@ def _read_piece(handle: Any, piece: SourcePiece, param: ParamSlice) -> torch.Ten
     return part[piece.rows[0] : piece.rows[1], piece.cols[0] : piece.cols[1]]
 
 
-def load_slice(checkpoint_dir: str | FilePath, param: ParamSlice) -> torch.Tensor:
+def load_slice(checkpoint_dir: str | Path, param: ParamSlice) -> torch.Tensor:
     """The slice's values (BF16) read from a Hugging Face safetensors checkpoint, block by block."""
     if not param.sources:
         raise CaseInputError(
             f"{param.name}: {param.scale}-scale slices have no checkpoint values (use synthetic_slice)"
         )
-    folder = FilePath(checkpoint_dir)
+    folder = Path(checkpoint_dir)
     files = _checkpoint_files(folder)
-    by_file: dict[FilePath, list[SourcePiece]] = {}
+    by_file: dict[Path, list[SourcePiece]] = {}
     for piece in param.sources:
         if piece.tensor not in files:
             raise CaseInputError(f"checkpoint {folder} has no tensor {piece.tensor} (needed for {param.name})")
