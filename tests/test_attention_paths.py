@@ -29,7 +29,7 @@ from correctness.lever import LeverOptions
 from correctness.fixtures import recipe_path
 from correctness.models import load_model
 from correctness.recipes import load_recipe
-from correctness.shapes import AttentionShape, attention_shape
+from correctness.attention.shapes import AttentionShape, attention_shape
 
 CPU = torch.device("cpu")
 # In FP32 the working-precision paths differ from FP64 by rounding alone: any mask, grouping or

@@ -41,7 +41,7 @@ from correctness.harness import run_case  # noqa: E402
 from correctness.lever import Lever, LeverOptions  # noqa: E402
 from correctness.models import load_model  # noqa: E402
 from correctness.recipes import load_recipe  # noqa: E402
-from correctness.shapes import RECIPE_SCALE, Scale, attention_shape  # noqa: E402
+from correctness.attention.shapes import RECIPE_SCALE, Scale, attention_shape  # noqa: E402
 from references.attention import attention as fp64_attention  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from correctness.harness import run_candidates, run_case
 from correctness.lever import Invariant, Mutated, PathOutput
 from correctness.optimizer.lever import bf16_weights_are_rounded_masters
 from correctness.rule import Rule
-from correctness.shapes import AttentionShape
+from correctness.attention.shapes import AttentionShape
 from test_harness import CANDIDATE, DEFAULT, toy_case, toy_lever
 
 RULE = Rule()

@@ -31,7 +31,7 @@ from correctness.lever import Lever, LeverOptions, RecipeRef
 from correctness.provenance import gpu_type
 from correctness.pytest_plugin import _missing_hardware
 from correctness.results import record_to_json
-from correctness.shapes import AttentionShape
+from correctness.attention.shapes import AttentionShape
 
 RECIPE = RecipeRef(id="toy/h100/stand-in", model="Toy", gpu="H100", sha256="0" * 64)
 SHAPE = dict(model="toy", scale="test", tp_size=1, tp_rank=0, batch=1, seq_len=64, heads=4, groups=2, causal=True,

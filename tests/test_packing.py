@@ -13,7 +13,7 @@ from correctness.compare import relative_l2_error
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.loss import packing as loss
-from correctness.shapes import AttentionShape
+from correctness.attention.shapes import AttentionShape
 from references.cross_entropy import masked_loss_sum
 
 CPU = torch.device("cpu")

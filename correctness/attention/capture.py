@@ -44,7 +44,7 @@ from correctness.attention.lever import checkpoint_layers
 from correctness.errors import CaseInputError, CorrectnessError, RecipeError, ShapeError
 from correctness.models import ModelFacts, load_model
 from correctness.recipes import Recipe
-from correctness.shapes import RECIPE_SCALE, AttentionShape, attention_shape
+from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, attention_shape
 
 FORMAT, FORMAT_VERSION = CAPTURE_FORMAT, CAPTURE_FORMAT_VERSION  # shared with the reader (inputs.py)
 DELEGATES = ("sdpa", "eager")  # transformers' attention functions the capture may delegate to

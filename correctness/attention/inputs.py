@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from correctness.errors import CaseInputError
-from correctness.shapes import AttentionShape
+from correctness.attention.shapes import AttentionShape
 
 GAIN_SPREAD = 0.1  # std of the synthetic q_norm / k_norm gains around 1
 VARIANTS = ("model-like", "window-edge")

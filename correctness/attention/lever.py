@@ -34,7 +34,7 @@ from correctness.attention.te import TransformerEngine
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation
 from correctness.models import ModelFacts, load_model
 from correctness.recipes import Recipe, lever_recipe
-from correctness.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
+from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
 
 NAME = "attention-backend"
 VERSION = 2  # 2: the recipe's backend claim per layer kind, "no kernel change", optional checkpoint cases

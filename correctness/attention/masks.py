@@ -2,7 +2,7 @@
 
 import torch
 
-from correctness.shapes import AttentionShape
+from correctness.attention.shapes import AttentionShape
 
 
 def visible_keys(shape: AttentionShape, device: torch.device) -> torch.Tensor:

@@ -22,7 +22,7 @@ from correctness.attention.te import TransformerEngine
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, PathOutput
 from correctness.models import load_model
 from correctness.recipes import Recipe, lever_recipe
-from correctness.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape
+from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape
 
 NAME = "thd-packing"
 VERSION = 1

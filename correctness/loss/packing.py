@@ -22,7 +22,7 @@ import torch
 from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput
 from correctness.models import load_model
 from correctness.recipes import Recipe, lever_recipe
-from correctness.shapes import DTYPES
+from correctness.attention.shapes import DTYPES
 from references.cross_entropy import masked_loss_sum
 
 NAME = "packed-loss"

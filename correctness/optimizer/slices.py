@@ -477,12 +477,6 @@ def first_layer_of_each_kind(model: ModelFacts) -> tuple[int, ...]:
     return tuple(sorted(model.layers_of_kind(kind)[0] for kind in layer_kinds(model)))
 
 
-def _check_count(model: ModelFacts, value: object, what: str) -> int:
-    if not _count(value) or value < 1:
-        raise ShapeError(f"{model.name}: {what} {value!r} must be a positive integer")
-    return value
-
-
 def _check_rank(model: ModelFacts, rank: object, size: int, what: str) -> int:
     if not _count(rank) or not 0 <= rank < size:
         raise ShapeError(f"{model.name}: {what} rank {rank!r} outside 0..{size - 1}")

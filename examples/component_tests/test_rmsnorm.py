@@ -10,7 +10,7 @@ from correctness import Case, Control, Lever, LeverOptions, Mutated, PathOutput
 from correctness.fixtures import recipe_path
 from correctness.models import load_model
 from correctness.recipes import load_recipe
-from correctness.shapes import SMOKE_SCALE, attention_shape
+from correctness.attention.shapes import SMOKE_SCALE, attention_shape
 
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 EPS = 1e-6

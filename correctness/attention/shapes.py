@@ -8,7 +8,6 @@ queries see a full window with keys beyond its edge), the others' 768 tokens: mo
 softmax's rescaling between blocks and a ragged last block both run.
 """
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -35,7 +34,6 @@ class Scale:
 
 RECIPE_SCALE = Scale(name="recipe")
 SMOKE_SCALE = Scale(name="smoke", kv_groups=2, seq_len=768, past_window=256, rows=1)
-SCALES = {scale.name: scale for scale in (RECIPE_SCALE, SMOKE_SCALE)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +175,3 @@ def attention_shape(
         dtype=precision,
         qkv_format=qkv_format(recipe),
     )
-
-
-def inverse_sqrt_head_dim(shape: AttentionShape) -> float:
-    return 1.0 / math.sqrt(shape.head_dim)
