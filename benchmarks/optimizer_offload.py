@@ -19,9 +19,9 @@ from pathlib import Path
 from correctness.harness import run_lever
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
-from correctness.optimizer.slices import PARAM_SCALES
+from correctness.optimizer.layout import PARAM_SCALES
 from correctness.report import verdict_table
-from correctness.results import record_to_json, write_record
+from correctness.results import write_record
 
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 GOALS = {"peak_gb": 12.0, "seconds": 600.0}
@@ -63,7 +63,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures, indent=1))
     else:
-        print("\n".join(verdict_table(record_to_json(record))))
+        print("\n".join(verdict_table(record)))
         for key, value in figures.items():
             print(f"{key}: {value}")
     return 0 if record.verdict == "pass" else 1

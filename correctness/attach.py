@@ -18,18 +18,17 @@ and needs no write access.
 
 import contextlib
 import datetime
-import importlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.entries import count, errors_sentence, generic_text, gpu_label, ran_cases
+from correctness.entries import count, errors_sentence, generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import locked, refuse_read_only
-from correctness.levers import KNOWN_LEVERS
 from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
-from correctness.results import RAN, SKIP, read_record, record_assessment
+from correctness.registry import known_lever
+from correctness.results import RAN, SKIP, LeverRecord, read_record, stated_fields_disagree
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
 
@@ -42,22 +41,26 @@ class Attached:
     action: str  # "added" or "replaced"
 
 
-def record_problems(record: dict[str, Any], recipe: Recipe) -> list[str]:
+def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] | None = None) -> list[str]:
     """Why a record cannot be attached to the recipe; empty where it can. A record belongs to a recipe
-    of the same model, GPU and tensor-parallel size (its shapes were derived from those)."""
+    of the same model, GPU and tensor-parallel size (its shapes were derived from those). `stated`:
+    the record as read, whose fields written from others must agree with them."""
     problems = []
-    lever = record["lever"]
-    if record["recipe"]["model"] != recipe.model:
-        problems.append(f"it is for {record['recipe']['model']}, not {recipe.model}")
-    elif record["recipe"]["gpu"] != recipe.gpu:
-        problems.append(f"it is for the {record['recipe']['gpu']} recipe {record['recipe']['id']}, not an {recipe.gpu} one")
-    tp_sizes = {case["shape"].get("tp_size") for case in record["cases"]} - {None}
+    disagreement = stated_fields_disagree(stated) if stated is not None else None
+    if disagreement:
+        problems.append(f"it contradicts itself: {disagreement}")
+    lever = record.lever
+    if record.recipe.model != recipe.model:
+        problems.append(f"it is for {record.recipe.model}, not {recipe.model}")
+    elif record.recipe.gpu != recipe.gpu:
+        problems.append(f"it is for the {record.recipe.gpu} recipe {record.recipe.id}, not an {recipe.gpu} one")
+    tp_sizes = {case.shape.get("tp_size") for case in record.cases} - {None}
     if tp_sizes and tp_sizes != {recipe.tp}:
         problems.append(f"its shapes are for TP {sorted(tp_sizes)}, the recipe runs TP {recipe.tp}")
-    known = KNOWN_LEVERS.get(lever["name"])
+    known = known_lever(lever["name"])
     if known and lever["version"] != known.version:
         problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
-    expected, completeness = record_assessment(record)
+    expected, completeness = record.assessment()
     if completeness.missing:
         problems.append(
             f"it lacks {count(len(completeness.missing))} of the {count(completeness.declared)} cases its lever"
@@ -65,37 +68,37 @@ def record_problems(record: dict[str, Any], recipe: Recipe) -> list[str]:
         )
     if expected == SKIP:
         problems.append("none of its cases ran")
-    if record["verdict"] != expected:
-        problems.append(f"its verdict is {record['verdict']} but its cases say {expected}")
-    for case in record["cases"]:
-        if case["status"] not in RAN:
+    if record.verdict != expected:
+        problems.append(f"its verdict is {record.verdict} but its cases say {expected}")
+    for case in record.cases:
+        if case.status not in RAN:
             continue
-        for control in case["controls"]:
-            if control["applies"] and not control["fails_bound"]:
-                problems.append(f"case {case['case_id']} passes while its control '{control['name']}' passed")
-        failing = [t["tensor"] for t in case["candidate"]["tensors"] if not t["passes"]]
+        for control in case.controls:
+            if control.judgement is not None and not control.fails_bound:
+                problems.append(f"case {case.case_id} passes while its control '{control.name}' passed")
+        failing = [t.tensor for t in case.candidate.tensors if not t.passes]
         if failing:
-            problems.append(f"case {case['case_id']} passes while its candidate fails on {failing}")
+            problems.append(f"case {case.case_id} passes while its candidate fails on {failing}")
     return problems
 
 
-def entry_text(record: dict[str, Any]) -> dict[str, str]:
-    known = KNOWN_LEVERS.get(record["lever"]["name"])
-    if known is None or known.wording is None or not ran_cases(record):
+def entry_text(record: LeverRecord) -> dict[str, str]:
+    known = known_lever(record.lever["name"])
+    if known is None or known.entry_text is None or not record.ran_cases():
         return generic_text(record)
-    return importlib.import_module(known.wording).entry_text(record)
+    return known.entry_text(record)
 
 
-def component_test_entry(record: dict[str, Any]) -> dict[str, Any]:
+def component_test_entry(record: LeverRecord) -> dict[str, Any]:
     text = entry_text(record)
     errors = errors_sentence(record)
     detail = "; ".join(part for part in (text["detail"], errors) if part)
     return {
-        "test": record["lever"]["description"],
+        "test": record.lever["description"],
         "shape": text["shape"],
         "gpu": gpu_label(record),
-        "date": datetime.date.fromisoformat(record["finished"][:10]),
-        "result": record["verdict"],
+        "date": datetime.date.fromisoformat(record.finished[:10]),
+        "result": record.verdict,
         "detail": detail,
         "note": text["note"],
     }
@@ -151,9 +154,10 @@ def _attach(recipe_path: str | Path, record_paths: Sequence[str | Path], dry_run
 
     recipe = load_recipe(recipe_path)
     validate_recipe(recipe.data, recipe.id)
-    records = [(Path(path), read_record(path)) for path in record_paths]
-    for path, record in records:
-        problems = record_problems(record, recipe)
+    stated = [(Path(path), read_record(path)) for path in record_paths]
+    records = [(path, LeverRecord.from_json(data)) for path, data in stated]
+    for (path, record), (_, data) in zip(records, stated):
+        problems = record_problems(record, recipe, data)
         if problems:
             raise CorrectnessError(f"record {path} refused, recipe {recipe_path} untouched: {'; '.join(problems)}")
     document = load_document(recipe_path)

@@ -5,11 +5,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.classify import COVERED, FAILED, Classification, classify_recipe
+from correctness.classify import Classification, classify_recipe
 from correctness.errors import RecipeError
 from correctness.models import load_model
 from correctness.recipes import Recipe, load_recipe, validate_recipe
-from correctness.results import FAIL, INCOMPLETE, PASS
+from correctness.results import FAIL, INCOMPLETE, NO_KERNEL_CHANGE, PASS
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,15 @@ def check_recipe(path: str | Path, reference: str | Path | None = None) -> Recip
         )
     ]
     for change in classification.changes:
-        if change.lever is None:
-            continue
-        result = change.lever_result
-        status = {COVERED: PASS, FAILED: FAIL}.get(change.outcome, INCOMPLETE)
-        detail = (
-            f"{change.flag} {' '.join(change.reference_values or ['(default)'])} -> "
-            f"{' '.join(change.candidate_values or ['(absent)'])}: "
-            + (f"result {result} on {recipe.gpu}" if result else f"no {recipe.gpu} result attached")
-        )
-        findings.append(Finding(f"component test {change.lever}", status, detail))
+        for lever in change.levers:
+            result = change.result_of(lever)
+            status = PASS if result in (PASS, NO_KERNEL_CHANGE) else FAIL if result == FAIL else INCOMPLETE
+            detail = (
+                f"{change.flag} {' '.join(change.reference_values or ['(default)'])} -> "
+                f"{' '.join(change.candidate_values or ['(absent)'])}: "
+                + (f"result {result} on {recipe.gpu}" if result else f"no {recipe.gpu} result attached")
+            )
+            findings.append(Finding(f"component test {lever}", status, detail))
     findings.append(_convergence(recipe))
     return RecipeCheck(
         recipe=recipe.id,

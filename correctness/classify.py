@@ -54,7 +54,7 @@ class RulesError(CorrectnessError):
 class ArgumentRule:
     klass: str
     reason: str
-    lever: str | None = None
+    levers: tuple[str, ...] = ()  # every lever whose component test a change of it needs
     default: tuple[str, ...] | None = None
     unordered: bool = False
 
@@ -99,17 +99,19 @@ def _argument_rule(flag: str, entry: Any, levers: Mapping[str, LeverRule], sourc
     klass = entry.get("class")
     if klass not in CLASSES:
         raise RulesError(f"rules {source}: {flag} has class {klass!r}, not one of {', '.join(CLASSES)}")
-    lever = entry.get("lever")
-    if lever is not None and (klass != "numerics" or lever not in levers):
-        raise RulesError(f"rules {source}: {flag} names lever {lever!r}: only numerics arguments name a lever, "
-                         f"one of {', '.join(levers)}")
+    named = entry.get("lever")
+    named_levers = tuple(named) if isinstance(named, list) else (() if named is None else (named,))
+    for lever in named_levers:
+        if klass != "numerics" or lever not in levers:
+            raise RulesError(f"rules {source}: {flag} names lever {lever!r}: only numerics arguments name a lever, "
+                             f"one of {', '.join(levers)}")
     default = entry.get("default")
     if default is not None:
         if not isinstance(default, list) or not all(isinstance(word, str) for word in default):
             raise RulesError(f"rules {source}: {flag} default must be a list of strings")
         default = tuple(default)
-    return ArgumentRule(klass=klass, reason=_text(entry.get("reason"), f"{flag} reason", source), lever=lever,
-                        default=default, unordered=bool(entry.get("unordered", False)))
+    return ArgumentRule(klass=klass, reason=_text(entry.get("reason"), f"{flag} reason", source),
+                        levers=named_levers, default=default, unordered=bool(entry.get("unordered", False)))
 
 
 def parse_rules(data: Any, source: str) -> Rules:
@@ -188,10 +190,14 @@ class Change:
     reference_values: tuple[str, ...] | None
     klass: str
     reason: str
-    lever: str | None = None
-    lever_result: str | None = None  # the lever's result in the candidate ("pass", "fail", ...); None: none
+    levers: tuple[str, ...] = ()  # the levers whose component tests the change needs
+    # each lever's result in the candidate ("pass", "fail", ...); a lever without one is absent
+    lever_results: Mapping[str, str] = field(default_factory=dict)
     default: tuple[str, ...] | None = None  # what an absent flag means, from the rules
     notes: tuple[str, ...] = ()
+
+    def result_of(self, lever: str) -> str | None:
+        return self.lever_results.get(lever)
 
     @property
     def kind(self) -> str:
@@ -209,19 +215,21 @@ class Change:
             return REVIEW
         if self.klass != "numerics":
             return OK
-        if self.lever is None:
+        if not self.levers:
             return REVIEW
-        if self.lever_result in (PASS, NO_KERNEL_CHANGE):
-            return COVERED
-        if self.lever_result == FAIL:
+        results = [self.result_of(lever) for lever in self.levers]
+        if FAIL in results:
             return FAILED
+        if all(result in (PASS, NO_KERNEL_CHANGE) for result in results):
+            return COVERED
         return MISSING
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "flag": self.flag, "kind": self.kind, "reference": _listed(self.reference_values),
             "candidate": _listed(self.candidate_values), "default": _listed(self.default), "class": self.klass,
-            "reason": self.reason, "lever": self.lever, "lever_result": self.lever_result,
+            "reason": self.reason, "levers": list(self.levers),
+            "lever_results": {lever: self.result_of(lever) for lever in self.levers},
             "outcome": self.outcome, "notes": list(self.notes),
         }
 
@@ -344,13 +352,13 @@ def classify(candidate: Recipe, reference_arguments: Arguments, rules: Rules | N
             changes.append(Change(flag, mine, theirs, UNKNOWN, "not in the rules file: needs review",
                                   notes=tuple(notes)))
         else:
-            changes.append(Change(flag, mine, theirs, rule.klass, rule.reason, lever=rule.lever, default=default,
+            changes.append(Change(flag, mine, theirs, rule.klass, rule.reason, levers=rule.levers, default=default,
                                   notes=tuple(notes)))
     results: dict[str, str] = {}
-    if any(change.lever for change in changes):
+    if any(change.levers for change in changes):
         results = component_test_results(candidate, rules)
         changes = [
-            replace(change, lever_result=results.get(change.lever)) if change.lever else change
+            replace(change, lever_results={lever: results[lever] for lever in change.levers if lever in results})
             for change in changes
         ]
     return Classification(recipe=candidate.id, reference=reference, rules=rules.source, changes=tuple(changes),

@@ -8,53 +8,33 @@ pipe broke before the command was done, it ends with 141, as a process killed by
 """
 
 import argparse
-import importlib
-import json
-import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
+from correctness.commands import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_OK,
+    attach,
+    capture_attention,
+    check,
+    classify,
+    converge,
+    drop_stdout,
+    run,
+)
 from correctness.errors import CorrectnessError
 
 COMMANDS = {
-    "attach": "attach lever records to a recipe's correctness.component_tests",
-    "classify": "class each training argument a tuned recipe changes against its reference",
-    "converge": "check a candidate loss curve against a reference curve",
-    "check": "one verdict for a recipe: configuration, component tests, convergence",
-    "run": "run a recipe's component tests (pytest underneath) and write their records",
-    "capture-attention": "capture a trained model's attention inputs for the attention lever's checkpoint cases",
+    "attach": (attach, "attach lever records to a recipe's correctness.component_tests"),
+    "classify": (classify, "class each training argument a tuned recipe changes against its reference"),
+    "converge": (converge, "check a candidate loss curve against a reference curve"),
+    "check": (check, "one verdict for a recipe: configuration, component tests, convergence"),
+    "run": (run, "run a recipe's component tests (pytest underneath) and write their records"),
+    "capture-attention": (
+        capture_attention, "capture a trained model's attention inputs for the attention lever's checkpoint cases"
+    ),
 }
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: the shell's status for a process SIGPIPE ended
-
-
-def _drop_stdout() -> None:
-    """Send what stdout still holds, and anything printed later, to /dev/null: its reader is gone.
-    (Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError instead; leaving the
-    buffer on the broken pipe would raise again when the interpreter flushes it at exit.)"""
-    try:
-        descriptor = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # a stand-in without a file (a test's capture)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, descriptor)
-    finally:
-        os.close(devnull)
-
-
-def emit(args: argparse.Namespace, lines: Sequence[str], data: Any) -> None:
-    """Print the human form, or with --json the machine-readable one. A reader that has gone away
-    (`| head`) is no error: the command's work is done, and its exit status stands."""
-    if getattr(args, "json", False):
-        text = json.dumps(data, indent=1, allow_nan=False, default=str)
-    else:
-        text = "\n".join(lines)
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        _drop_stdout()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,17 +45,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse type: a count, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     top = _Parser(
         prog="correctness",
@@ -83,8 +52,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 success or pass; 1 fail or incomplete; 2 bad input.",
     )
     subcommands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, summary in COMMANDS.items():
-        module = importlib.import_module(f"correctness.commands.{name.replace('-', '_')}")
+    for name, (module, summary) in COMMANDS.items():
         sub = subcommands.add_parser(
             name, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
@@ -129,12 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(leaving.code, file=sys.stderr)
         status = EXIT_BAD_INPUT if isinstance(leaving.code, str) else leaving.code or EXIT_OK
     except BrokenPipeError:
-        _drop_stdout()
+        drop_stdout()
         return EXIT_BROKEN_PIPE
     try:
         sys.stdout.flush()
     except BrokenPipeError:  # what was printed last, still in the buffer
-        _drop_stdout()
+        drop_stdout()
     return status
 
 

@@ -148,24 +148,6 @@ def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-def relative_l2_error(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, str]:
-    """||x - ref|| / ||ref|| in FP64, or ||x - ref|| with kind "absolute" where ref is all zeros."""
-    ref64 = ref.to(torch.float64)
-    diff = torch.linalg.vector_norm(x.to(torch.float64) - ref64).item()
-    scale = torch.linalg.vector_norm(ref64).item()
-    if scale == 0.0:
-        return diff, "absolute"
-    return diff / scale, "relative"
-
-
-def signed_mean_error(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """mean(x - ref) / rms(ref): the bias of x, in units of the reference's size."""
-    ref64 = ref.to(torch.float64)
-    mean = (x.to(torch.float64) - ref64).mean().item()
-    rms = ref64.square().mean().sqrt().item()
-    return mean / rms if rms > 0.0 else mean
-
-
 def nonfinite_report(role: str, name: str, x: torch.Tensor, offset: int = 0) -> str | None:
     """None where x is all finite, else a one-line count of NaN and Inf with the first index
     (its first coordinate shifted by `offset`, the piece's place in the whole tensor)."""
@@ -537,16 +519,3 @@ def outputs_baselines(
     return {
         name: baseline(name, default[name], reference[name], offsets.get(name, 0), slicing) for name in reference
     }
-
-
-def compare_outputs(
-    judged: Mapping[str, torch.Tensor],
-    default: Mapping[str, torch.Tensor],
-    reference: Mapping[str, torch.Tensor],
-    rule: Rule,
-    slicing: Slicing | None = None,
-) -> tuple[TensorComparison, ...]:
-    """Compare every tensor the reference names; the three must name the same tensors."""
-    accumulator = OutputsAccumulator(rule=rule, slicing=slicing)
-    accumulator.add(judged, default, reference)
-    return accumulator.results()

@@ -1,15 +1,17 @@
 """Words for a recipe's correctness.component_tests entry, made from a lever record's figures.
 
 The entry's fields are those of the seed recipes: test, shape, gpu, date, result, detail, note.
-Levers of this project word `shape`, `detail` and `note` in their own module (correctness.levers);
-any other lever gets the generic sentences here, built from the same figures.
+Levers of this project word `shape`, `detail` and `note` in their own module (correctness.registry);
+any other lever gets the generic sentences here, built from the same figures of the typed record.
 """
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from correctness.compare import TensorComparison
 from correctness.provenance import gpu_type
+from correctness.results import FAIL, SKIP, CaseResult, LeverRecord, over_bound
 
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 
@@ -40,6 +42,7 @@ def and_list(items: Iterable[str]) -> str:
 
 
 def ratio_range(ratios: Iterable[float]) -> str:
+    """0.08-0.18: the smallest and largest of some ratios, to two places (one figure where they agree)."""
     values = sorted(ratios)
     if not values:
         return "-"
@@ -47,73 +50,55 @@ def ratio_range(ratios: Iterable[float]) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def ran_cases(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The cases that were judged (a case that failed with an error before its judgement is not)."""
-    return [case for case in record["cases"] if case["candidate"] is not None]
-
-
-def errors_sentence(record: dict[str, Any]) -> str:
+def errors_sentence(record: LeverRecord) -> str:
     """The cases that failed with an error before they could be judged, with the error."""
-    errored = [case for case in record["cases"] if case["status"] == "fail" and case["candidate"] is None]
-    return "; ".join(f"case {case['case_id']} failed: {case['failures'][0]}" for case in errored)
+    errored = [case for case in record.cases if case.status == FAIL and case.candidate is None]
+    return "; ".join(f"case {case.case_id} failed: {case.failures[0]}" for case in errored)
 
 
-def candidate_tensors(record: dict[str, Any], cases=None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    return [(case, t) for case in (cases or ran_cases(record)) for t in case["candidate"]["tensors"]]
+def candidate_tensors(record: LeverRecord, cases=None) -> list[tuple[CaseResult, TensorComparison]]:
+    return [(case, t) for case in (cases or record.ran_cases()) for t in case.candidate.tensors]
 
 
-def worst_tensor(record: dict[str, Any], cases=None) -> tuple[dict[str, Any], dict[str, Any]]:
+def worst_tensor(record: LeverRecord, cases=None) -> tuple[CaseResult, TensorComparison]:
     """(case, tensor) nearest to its bound; a tensor with no figure (NaN) counts as the worst."""
-    return max(candidate_tensors(record, cases), key=lambda ct: math.inf if ct[1]["error_over_bound"] is None
-               else ct[1]["error_over_bound"])
+    return max(candidate_tensors(record, cases), key=lambda ct: over_bound(ct[1]))
 
 
-def bound_sentence(tensor: dict[str, Any], rule: dict[str, Any]) -> str:
-    same = ", the same error as the default's" if tensor["error"] == tensor["default_error"] else ""
+def bound_sentence(tensor: TensorComparison, rule: Mapping[str, Any]) -> str:
+    same = ", the same error as the default's" if tensor.error == tensor.default_error else ""
     return (
-        f"{sci(tensor['error'])} against a bound of {sci(tensor['bound'])},"
+        f"{sci(tensor.error)} against a bound of {sci(tensor.bound)},"
         f" {rule['factor']:g} x the default's error + {compact(rule['slack'])}{same}"
     )
 
 
-def controls_sentence(record: dict[str, Any]) -> str:
-    names = record["lever"]["controls"]
-    powers = [
-        control["power"] for case in ran_cases(record) for control in case["controls"] if control["applies"]
-    ]
-    failing = all(
-        control["fails_bound"] for case in ran_cases(record) for control in case["controls"] if control["applies"]
-    )
+def controls_sentence(record: LeverRecord) -> str:
+    names = record.lever["controls"]
+    applied = [control for case in record.ran_cases() for control in case.controls if control.judgement is not None]
+    failing = all(control.fails_bound for control in applied)
+    powers = [control.power for control in applied]
     verb = "fail" if failing else "do not all fail"
     least = f", by {min(powers):.1f} x the bound at the least" if powers and failing else ""
     listed = and_list(names)
     return f"a repeat of the default passes and the {count(len(names))} negative controls ({listed}) {verb}{least}"
 
 
-def determinism_sentence(record: dict[str, Any]) -> str:
-    changed = sorted({t for case in ran_cases(record) for t in case["nondeterministic_tensors"]})
-    if not changed:
-        return "the candidate gives the same bits on a second run"
-    return f"the candidate's {', '.join(changed)} changed between two identical runs"
-
-
-def evidence_sentence(record: dict[str, Any]) -> str:
+def evidence_sentence(record: LeverRecord) -> str:
     """What was judged beyond the whole tensors: slices, invariants, systematic error."""
-    lever, cases = record["lever"], ran_cases(record)
+    lever, cases = record.lever, record.ran_cases()
     parts = []
-    if lever.get("slicing"):
-        sliced = [(case, t) for case, t in candidate_tensors(record) if t["slices"] is not None]
-        if sliced:
-            case, worst = max(sliced, key=lambda ct: ct[1]["slices"]["error_over_bound"] or math.inf)
-            slices = worst["slices"]
-            parts.append(
-                f"judged {lever['slicing']} as well, worst slice {slices['error_over_bound']:.2f} x its bound"
-                f" ({worst['tensor']}, {slices['worst']}, {case['case_id']})"
-            )
+    sliced = [(case, t) for case, t in candidate_tensors(record) if t.slices is not None]
+    if lever.get("slicing") and sliced:
+        case, worst = max(sliced, key=lambda ct: over_bound(ct[1].slices))
+        parts.append(
+            f"judged {lever['slicing']} as well, worst slice {worst.slices.error_over_bound:.2f} x its bound"
+            f" ({worst.tensor}, {worst.slices.worst}, {case.case_id})"
+        )
     if lever.get("invariants"):
         names = lever["invariants"]
         parts.append(f"the invariant{'s' if len(names) > 1 else ''} ({and_list(names)}) held on every run")
-    flagged = sorted({t for case in cases for t in case["systematic"]})
+    flagged = sorted({t for case in cases for t in case.systematic})
     if flagged:
         shown = ", ".join(flagged[:3]) + (f" and {len(flagged) - 3} more" if len(flagged) > 3 else "")
         parts.append(f"systematic error (scale slope or offset) flagged on {shown}")
@@ -122,51 +107,58 @@ def evidence_sentence(record: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def skipped_sentence(record: dict[str, Any]) -> str:
+def determinism_sentence(record: LeverRecord) -> str:
+    changed = sorted({t for case in record.ran_cases() for t in case.nondeterministic_tensors})
+    if not changed:
+        return "the candidate gives the same bits on a second run"
+    return f"the candidate's {', '.join(changed)} changed between two identical runs"
+
+
+def skipped_sentence(record: LeverRecord) -> str:
     reasons: dict[str, int] = {}
-    for case in record["cases"]:
-        if case["status"] == "skip":
-            reasons[case["skip_reason"]] = reasons.get(case["skip_reason"], 0) + 1
+    for case in record.cases:
+        if case.status == SKIP:
+            reasons[case.skip_reason] = reasons.get(case.skip_reason, 0) + 1
     return "; ".join(f"{count(n)} {'case' if n == 1 else 'cases'} skipped: {reason}" for reason, n in reasons.items())
 
 
-def gpu_label(record: dict[str, Any]) -> str:
-    device = record["provenance"]["device"]
+def gpu_label(record: LeverRecord) -> str:
+    device = record.provenance["device"]
     if device["type"] != "cuda":
         return "CPU"
     return gpu_type(device.get("name")) or device.get("name") or "unknown GPU"
 
 
-def where_sentence(record: dict[str, Any]) -> str:
-    provenance = record["provenance"]
+def where_sentence(record: LeverRecord) -> str:
+    provenance = record.provenance
     device = provenance["device"]
     packages = ", ".join(f"{name} {version}" for name, version in provenance["packages"].items() if version)
-    tier = record["lever"]["tier"]
-    scales = sorted({case["shape"].get("scale") for case in record["cases"]} - {None})
+    tier = record.lever["tier"]
+    scales = sorted({case.shape.get("scale") for case in record.cases} - {None})
     scale = f" at the {' and '.join(scales)} scale" if scales else ""
     tier_text = "the CPU tier" if tier == "cpu" else f"the {tier} tier"
     return (
         f"run on {tier_text}{scale} ({device.get('name')}, torch {provenance['torch']}"
         + (f", {packages}" if packages else "")
-        + f"), record {record['lever']['record_id']}"
+        + f"), record {record.lever['record_id']}"
     )
 
 
-def generic_text(record: dict[str, Any]) -> dict[str, str]:
-    cases = ran_cases(record)
-    shapes = sorted({c["shape"].get("id", c["case_id"]) for c in record["cases"]})
-    shape = f"{record['recipe']['model']}: {count(len(cases))} cases run, at " + "; ".join(shapes)
+def generic_text(record: LeverRecord) -> dict[str, str]:
+    cases = record.ran_cases()
+    shapes = sorted({c.shape.get("id", c.case_id) for c in record.cases})
+    shape = f"{record.recipe.model}: {count(len(cases))} cases run, at " + "; ".join(shapes)
     skipped = skipped_sentence(record)
     note = where_sentence(record) + (f"; {skipped}" if skipped else "")
     if not cases:  # every case failed before its judgement: the entry's detail is the errors
         return {"shape": shape, "detail": "", "note": note}
     case, worst = worst_tensor(record)
-    ratios = [t["ratio"] for _, t in candidate_tensors(record) if t["ratio"] is not None]
-    backends = sorted({c["candidate"]["run"]["backend"] for c in cases})
+    ratios = [t.ratio for _, t in candidate_tensors(record) if t.ratio is not None and not math.isnan(t.ratio)]
+    backends = sorted({c.candidate.run.backend for c in cases})
     detail = (
-        f"{record['lever']['candidate']} ran as {', '.join(backends)}; its relative L2 error against FP64 is"
-        f" {ratio_range(ratios)} x the default's ({record['lever']['default']}) (worst tensor, {worst['tensor']}"
-        f" in {case['case_id']}, {bound_sentence(worst, record['lever']['rule'])}); {evidence_sentence(record)};"
+        f"{record.lever['candidate']} ran as {', '.join(backends)}; its relative L2 error against FP64 is"
+        f" {ratio_range(ratios)} x the default's ({record.lever['default']}) (worst tensor, {worst.tensor}"
+        f" in {case.case_id}, {bound_sentence(worst, record.lever['rule'])}); {evidence_sentence(record)};"
         f" {determinism_sentence(record)}; {controls_sentence(record)}"
     )
     return {"shape": shape, "detail": detail, "note": note}

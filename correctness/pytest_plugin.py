@@ -34,7 +34,7 @@ from correctness.lever import Case, Lever, LeverOptions
 from correctness.provenance import gpu_type
 from correctness.report import case_report, verdict_table
 from correctness.recipes import load_recipe
-from correctness.results import CaseResult, merge_records, read_record, record_to_json, write_record
+from correctness.results import CaseResult, LeverRecord, merge_records, read_record, record_to_json, write_record
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
@@ -255,7 +255,7 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     terminalreporter.section("lever verdicts")
     for record, path in written:
-        for line in verdict_table(record):
+        for line in verdict_table(LeverRecord.from_json(record)):
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"  record: {path}")
         terminalreporter.write_line("")

@@ -2,9 +2,10 @@
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from correctness.results import CaseResult
+from correctness.compare import TensorComparison
+from correctness.entries import ratio_range
+from correctness.results import SKIP, CaseResult, LeverRecord, over_bound
 
 
 def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -14,43 +15,36 @@ def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[s
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def _worst(tensors: list[dict[str, Any]]) -> str:
+def _worst(tensors: Sequence[TensorComparison]) -> str:
     """The largest error/bound over the tensors and their slices, with where it is."""
-    worst = max(tensors, key=lambda t: math.inf if t["error_over_bound"] is None else t["error_over_bound"])
-    figure = "nan" if worst["error_over_bound"] is None else f"{worst['error_over_bound']:.2f}"
-    slices = worst.get("slices")
-    in_slice = slices is not None and worst["error_over_bound"] == slices["error_over_bound"] and (
-        worst["whole_error_over_bound"] != slices["error_over_bound"])
-    return f"{figure} ({worst['tensor']}{' slice' if in_slice else ''})"
+    worst = max(tensors, key=over_bound)
+    figure = "nan" if math.isnan(worst.error_over_bound) else f"{worst.error_over_bound:.2f}"
+    in_slice = worst.slices is not None and worst.error_over_bound == worst.slices.error_over_bound and (
+        worst.whole_error_over_bound != worst.slices.error_over_bound)
+    return f"{figure} ({worst.tensor}{' slice' if in_slice else ''})"
 
 
-def _systematic_cell(case: dict[str, Any]) -> str:
-    return "FLAGGED " + ",".join(case["systematic"]) if case["systematic"] else "-"
+def _systematic_cell(case: CaseResult) -> str:
+    return "FLAGGED " + ",".join(case.systematic) if case.systematic else "-"
 
 
-def _ratio_range(tensors: list[dict[str, Any]]) -> str:
-    ratios = [t["ratio"] for t in tensors if t["ratio"] is not None]
-    return f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
-
-
-def _control_cell(case: dict[str, Any], name: str) -> str:
-    for control in case["controls"]:
-        if control["name"] == name:
-            if not control["applies"]:
+def _control_cell(case: CaseResult, name: str) -> str:
+    for control in case.controls:
+        if control.name == name:
+            if control.judgement is None:
                 return "n/a"
-            power = "nan" if control["power"] is None else f"{control['power']:.2f}"
-            return power + ("" if control["fails_bound"] else " PASSES")
+            power = "nan" if math.isnan(control.power) else f"{control.power:.2f}"
+            return power + ("" if control.fails_bound else " PASSES")
     return "-"
 
 
-def verdict_table(record: dict[str, Any]) -> list[str]:
-    """One line for the lever, then a row per case, from a record in its JSON form. Figures are
-    error/bound (over 1 fails): the candidate's worst tensor, and each negative control's (which
-    must be over 1)."""
-    lever = record["lever"]
+def verdict_table(record: LeverRecord) -> list[str]:
+    """One line for the lever, then a row per case. Figures are error/bound (over 1 fails): the
+    candidate's worst tensor or slice, and each negative control's (which must be over 1)."""
+    lever = record.lever
     lines = [
         f"{lever['name']} [{lever['tier']}] {lever['candidate']} vs {lever['default']}"
-        f" · recipe {record['recipe']['id']} · {record['verdict'].upper()}"
+        f" · recipe {record.recipe.id} · {record.verdict.upper()}"
     ]
     control_names = list(lever["controls"])
     header = ["case", "result", "candidate ran", "err/bound", "err/default", "systematic", "bitwise", "repeat",
@@ -59,28 +53,31 @@ def verdict_table(record: dict[str, Any]) -> list[str]:
     rows = []
     skipped: dict[str, int] = {}
     errors = []
-    for case in record["cases"]:
-        if case["candidate"] is None:  # skipped, or failed with an error before its judgement
-            rows.append([case["case_id"], case["status"] if case["required"] else f"{case['status']} (optional)"]
+    for case in record.cases:
+        if case.candidate is None:  # skipped, or failed with an error before its judgement
+            rows.append([case.case_id, case.status if case.required else f"{case.status} (optional)"]
                         + [""] * (len(header) - 2))
-            if case["status"] == "skip":
-                skipped[case["skip_reason"] or ""] = skipped.get(case["skip_reason"] or "", 0) + 1
+            if case.status == SKIP:
+                skipped[case.skip_reason or ""] = skipped.get(case.skip_reason or "", 0) + 1
             else:
-                errors.append(f"  error in {case['case_id']}: {case['failures'][0]}")
+                errors.append(f"  error in {case.case_id}: {case.failures[0]}")
             continue
-        tensors = case["candidate"]["tensors"]
-        bitwise = [t["bitwise_identical"] for t in tensors]
+        tensors = case.candidate.tensors
+        bitwise = [t.bitwise_identical for t in tensors]
+        ratios = [t.ratio for t in tensors if t.ratio is not None and not math.isnan(t.ratio)]
+        repeat = ("-" if case.deterministic is None else "deterministic" if case.deterministic
+                  else "CHANGED " + ",".join(case.nondeterministic_tensors))
         rows.append(
             [
-                case["case_id"],
-                case["status"],
-                case["candidate"]["run"]["backend"],
+                case.case_id,
+                case.status,
+                case.candidate.run.backend,
                 _worst(tensors),
-                _ratio_range(tensors),
+                ratio_range(ratios),
                 _systematic_cell(case),
                 "all" if all(bitwise) else ("some" if any(bitwise) else "no"),
-                "deterministic" if case["deterministic"] else "CHANGED " + ",".join(case["nondeterministic_tensors"]),
-                "pass" if case["default_repeat"]["passes"] else "FAIL",
+                repeat,
+                "pass" if case.default_repeat.passes else "FAIL",
             ]
             + [_control_cell(case, name) for name in control_names]
         )
@@ -89,15 +86,15 @@ def verdict_table(record: dict[str, Any]) -> list[str]:
     return lines + _completeness_lines(record)
 
 
-def _completeness_lines(record: dict[str, Any]) -> list[str]:
-    completeness = record["completeness"]
+def _completeness_lines(record: LeverRecord) -> list[str]:
+    completeness = record.completeness
     lines = []
-    if completeness["required_skipped"]:
-        lines.append(f"  INCOMPLETE: {len(completeness['required_skipped'])} required case(s) did not run:"
-                     f" {', '.join(completeness['required_skipped'])}")
-    if completeness["missing"]:
-        lines.append(f"  INCOMPLETE: {len(completeness['missing'])} declared case(s) not in this run"
-                     f" (deselected or interrupted): {', '.join(completeness['missing'])}")
+    if completeness.required_skipped:
+        lines.append(f"  INCOMPLETE: {len(completeness.required_skipped)} required case(s) did not run:"
+                     f" {', '.join(completeness.required_skipped)}")
+    if completeness.missing:
+        lines.append(f"  INCOMPLETE: {len(completeness.missing)} declared case(s) not in this run"
+                     f" (deselected or interrupted): {', '.join(completeness.missing)}")
     return lines
 
 

@@ -8,6 +8,8 @@ records would misread.
 import dataclasses
 import json
 import math
+import types
+import typing
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,13 @@ class PathRun:
     seconds: float
 
 
+def over_bound(figures: Any) -> float:
+    """A tensor's (or slice's) error over its bound, for finding the worst: a figure that is NaN
+    (an output with NaN, or a null read back from a record) counts as infinitely far."""
+    value = figures.error_over_bound
+    return math.inf if value is None or math.isnan(value) else value
+
+
 @dataclass(frozen=True, kw_only=True)
 class Judgement:
     """A path's outputs judged tensor by tensor against the default under the rule."""
@@ -51,7 +60,7 @@ class Judgement:
     @property
     def worst(self) -> TensorComparison:
         """The tensor nearest to failing (or farthest past the bound); NaN counts as farthest."""
-        return max(self.tensors, key=lambda t: math.inf if math.isnan(t.error_over_bound) else t.error_over_bound)
+        return max(self.tensors, key=over_bound)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +124,8 @@ class Completeness:
 
 @dataclass(frozen=True, kw_only=True)
 class LeverRecord:
+    """One lever run, as written and as read back (`LeverRecord.from_json`)."""
+
     lever: Mapping[str, Any]
     recipe: RecipeRef
     verdict: str  # see assess()
@@ -124,6 +135,74 @@ class LeverRecord:
     started: str
     finished: str
     seconds: float
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "LeverRecord":
+        return record_from_json(data)
+
+    def assessment(self) -> tuple[str, Completeness]:
+        """What the verdict and completeness must be, from the cases and the lever's declaration."""
+        return assess({case.case_id: case.status for case in self.cases}, self.lever["cases"],
+                      set(self.lever["optional_cases"]))
+
+    def ran_cases(self) -> list[CaseResult]:
+        """The cases that were judged (a case that failed with an error before its judgement was not)."""
+        return [case for case in self.cases if case.candidate is not None]
+
+
+def _from_json(kind: Any, value: Any) -> Any:
+    """A value of the record's JSON form as the type `kind` (a dataclass, tuple[X, ...], X | None,
+    float, a Mapping or Any); a null figure becomes NaN (the record writes non-finite figures as
+    null)."""
+    if value is None:
+        return math.nan if kind is float else None
+    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return _from_json(next(argument for argument in arguments if argument is not type(None)), value)
+    if dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        return kind(**{f.name: _from_json(hints[f.name], value[f.name]) for f in dataclasses.fields(kind)})
+    if origin is tuple:
+        item = arguments[0]
+        return tuple(_from_json(item, element) for element in value)
+    if kind is float:
+        return float(value)
+    return value
+
+
+def _first_difference(stated: Any, derived: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    if isinstance(stated, dict) and isinstance(derived, dict):
+        for key in stated.keys() | derived.keys():
+            found = _first_difference(stated.get(key), derived.get(key), f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    if isinstance(stated, list) and isinstance(derived, list) and len(stated) == len(derived):
+        for index, (a, b) in enumerate(zip(stated, derived)):
+            found = _first_difference(a, b, f"{where}.{index}")
+            if found:
+                return found
+        return None
+    return None if stated == derived and type(stated) is type(derived) or (
+        isinstance(stated, (int, float)) and isinstance(derived, (int, float)) and not isinstance(stated, bool)
+        and not isinstance(derived, bool) and stated == derived) else (where, stated, derived)
+
+
+def stated_fields_disagree(data: Mapping[str, Any]) -> str | None:
+    """Where a record's stated fields differ from what its own figures give (a field written from
+    others, such as a judgement's `passes` or a control's `fails_bound`, edited by hand): the
+    first such field, or None where the record reads back as it was written."""
+    found = _first_difference(dict(data), record_to_json(record_from_json(data)))
+    if found is None:
+        return None
+    where, stated, derived = found
+    return f"field {where} says {json.dumps(stated)} where its figures give {json.dumps(derived)}"
+
+
+def record_from_json(data: Mapping[str, Any]) -> "LeverRecord":
+    """The typed record of a record's JSON form (as read_record returns it, already checked against
+    the schema): the one form every reader works on."""
+    return _from_json(LeverRecord, data)
 
 
 def assess(statuses: Mapping[str, str], declared: Sequence[str], optional: Collection[str]) -> tuple[str, Completeness]:

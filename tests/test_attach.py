@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from correctness.attach import ENTRY_FIELDS, attach, component_test_entry
+from correctness.results import LeverRecord
 from correctness.attention import lever as attention
 from correctness.cli import main
 from correctness.errors import CorrectnessError, RecipeError
@@ -75,13 +76,13 @@ def test_attached_entries_are_appended_and_nothing_else_changes(records, gemma_c
 
 def test_entries_are_worded_from_the_figures(records):
     record = json.loads(records["optimizer-offload"].read_text())
-    entry = component_test_entry(record)
+    entry = component_test_entry(LeverRecord.from_json(record))
     assert entry["test"] == "CPU optimizer offload fraction 0.8 against fraction 1.0 and an FP64 reference"
     assert entry["gpu"] == "CPU" and entry["result"] == "pass"
     assert "21 tensors, 2,174,688 parameters, 19.9% of them on the GPU at fraction 0.8" in entry["shape"]
     assert "the CPU partition is bitwise identical to the default" in entry["detail"]
     assert "three negative controls (no bias correction, BF16 masters and no clipping) fail" in entry["detail"]
-    attention_entry = component_test_entry(json.loads(records["attention-backend"].read_text()))
+    attention_entry = component_test_entry(LeverRecord.from_json(json.loads(records["attention-backend"].read_text())))
     assert "window 1,024" in attention_entry["shape"] and "at the smoke scale" in attention_entry["shape"]
     assert "against a bound of" in attention_entry["detail"]
 
@@ -125,6 +126,8 @@ def test_an_empty_flow_list_becomes_a_block_list(records, tmp_path):
         (lambda data: [case["shape"].update(tp_size=4) for case in data["cases"]], "shapes are for TP \\[4\\]"),
         (lambda data: data.update(verdict="fail"), "its verdict is fail but its cases say pass"),
         (lambda data: data["cases"][0]["controls"][0].update(fails_bound=False),
+         "it contradicts itself: field cases.0.controls.0.fails_bound says false where its figures give true"),
+        (lambda data: [t.update(passes=True) for t in data["cases"][0]["controls"][0]["judgement"]["tensors"]],
          "passes while its control 'no bias correction' passed"),
         (lambda data: [case.update(status="skip") for case in data["cases"]], "none of its cases ran"),
         (lambda data: data["cases"].pop(), "it lacks one of the two cases its lever declares"),

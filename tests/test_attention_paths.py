@@ -22,7 +22,7 @@ from correctness.attention.masks import visible_keys
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import FORCED, SWITCHES, TransformerEngine, backend_switches, backend_that_ran
-from correctness.compare import relative_l2_error
+from numerics import FP32_AGREEMENT, relative_l2_error
 from correctness.errors import CaseInputError, PathUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
@@ -34,7 +34,6 @@ from correctness.attention.shapes import AttentionShape, attention_shape
 CPU = torch.device("cpu")
 # In FP32 the working-precision paths differ from FP64 by rounding alone: any mask, grouping or
 # layout bug is orders of magnitude larger than this.
-FP32_AGREEMENT = 1e-5
 
 
 def tiny_shape(**changes) -> AttentionShape:

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from correctness import cli
+from correctness.registry import KNOWN_LEVERS
 from correctness.classify import (
     CLASSES,
     RulesError,
@@ -76,9 +77,11 @@ def test_gemma_seed_passes_with_both_levers_covered():
     }
     attention, offload = changes["--attention-backend"], changes["--optimizer-offload-fraction"]
     assert (attention.reference_values, attention.candidate_values) == (("unfused",), ("auto",))
-    assert (attention.klass, attention.lever, attention.lever_result) == ("numerics", "attention-backend", "pass")
+    assert (attention.klass, attention.levers, attention.result_of("attention-backend")) == (
+        "numerics", ("attention-backend",), "pass")
     assert (offload.reference_values, offload.default, offload.candidate_values) == (None, ("1.0",), ("0.8",))
-    assert (offload.klass, offload.lever, offload.lever_result) == ("numerics", "optimizer-offload", "pass")
+    assert (offload.klass, offload.levers, offload.result_of("optimizer-offload")) == (
+        "numerics", ("optimizer-offload",), "pass")
     assert offload.kind == "added"
     for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
                  "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
@@ -98,11 +101,11 @@ def test_nemotron_seed_is_incomplete_for_want_of_an_offload_result():
         assert changes[flag].klass == "placement"
     assert changes["--recompute-method"].kind == "removed"
     packing = changes["--max-tokens-per-gpu"]
-    assert (packing.klass, packing.lever, packing.outcome) == ("numerics", "thd-packing", "missing")
+    assert (packing.klass, packing.levers, packing.outcome) == ("numerics", ("thd-packing", "packed-loss"), "missing")
     assert packing.reference_values == ("1024",)
     offload = changes["--optimizer-offload-fraction"]
-    assert (offload.klass, offload.lever, offload.lever_result, offload.outcome) == (
-        "numerics", "optimizer-offload", None, "missing")
+    assert (offload.klass, offload.levers, offload.result_of("optimizer-offload"), offload.outcome) == (
+        "numerics", ("optimizer-offload",), None, "missing")
     assert result.verdict == "incomplete"
 
 
@@ -121,8 +124,8 @@ def test_cli_json(run_cli):
     offload = next(c for c in data["changes"] if c["flag"] == "--optimizer-offload-fraction")
     assert offload == {
         "flag": "--optimizer-offload-fraction", "kind": "added", "reference": None, "candidate": ["0.55"],
-        "default": ["1.0"], "class": "numerics", "reason": offload["reason"], "lever": "optimizer-offload",
-        "lever_result": None, "outcome": "missing", "notes": [],
+        "default": ["1.0"], "class": "numerics", "reason": offload["reason"], "levers": ["optimizer-offload"],
+        "lever_results": {"optimizer-offload": None}, "outcome": "missing", "notes": [],
     }
     assert data["counts"] == {"placement": 4, "numerics": 2, "batching": 0, "must-match": 0, "inert": 0, "unknown": 0}
 
@@ -196,7 +199,7 @@ def test_numerics_change_without_a_lever_needs_review(tmp_path):
     path = copy_recipe(tmp_path, GEMMA, replace_once("--attention-softmax-in-fp32 ", ""))
     result = classify_copy(path, GEMMA)
     change = changes_by_flag(result)["--attention-softmax-in-fp32"]
-    assert (change.klass, change.lever, change.outcome) == ("numerics", None, "review")
+    assert (change.klass, change.levers, change.outcome) == ("numerics", (), "review")
     assert result.verdict == "incomplete"
 
 
@@ -234,11 +237,12 @@ def _entry(test, result, lever=None):
 ])
 def test_lever_result_by_key_or_title(tmp_path, entry, verdict):
     packing = _entry("eager attention over two packed rows (THD) against the same rows one at a time", "pass")
-    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests([entry, packing]))
+    loss = _entry("the per-token loss summed over packed rows against the same sum row by row", "pass")
+    path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests([entry, packing, loss]))
     result = classify_copy(path, NEMOTRON)
     assert result.verdict == verdict
     expected = entry["result"] if verdict != "incomplete" else None
-    assert changes_by_flag(result)["--optimizer-offload-fraction"].lever_result == expected
+    assert changes_by_flag(result)["--optimizer-offload-fraction"].result_of("optimizer-offload") == expected
 
 
 def test_a_failing_entry_wins_over_a_passing_one(tmp_path):
@@ -253,11 +257,12 @@ def test_a_failing_entry_wins_over_a_passing_one(tmp_path):
 ])
 def test_incomplete_is_not_covered_and_no_kernel_change_is(tmp_path, result, outcome, verdict):
     entries = [_entry("x", result, lever="optimizer-offload"),
-               _entry("eager attention over two packed rows (THD) against the same rows one at a time", "pass")]
+               _entry("eager attention over two packed rows (THD) against the same rows one at a time", "pass"),
+               _entry("the per-token loss summed over packed rows against the same sum row by row", "pass")]
     path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests(entries))
     classified = classify_copy(path, NEMOTRON)
     offload = changes_by_flag(classified)["--optimizer-offload-fraction"]
-    assert (offload.lever_result, offload.outcome, classified.verdict) == (result, outcome, verdict)
+    assert (offload.result_of("optimizer-offload"), offload.outcome, classified.verdict) == (result, outcome, verdict)
 
 
 def test_an_incomplete_entry_wins_over_a_passing_one_and_a_failing_one_over_both(tmp_path):
@@ -281,10 +286,10 @@ def test_gemma_prose_entries_match_by_title():
 def test_rules_file_ships_and_names_the_known_levers():
     rules = default_rules()
     assert set(rules.classes) == set(CLASSES)
-    assert set(rules.levers) == {"attention-backend", "optimizer-offload", "thd-packing"}
-    assert rules.rule("--max-tokens-per-gpu").lever == "thd-packing"
-    assert rules.rule("--attention-backend").lever == "attention-backend"
-    assert rules.rule("--optimizer-offload-fraction").lever == "optimizer-offload"
+    assert set(rules.levers) == set(KNOWN_LEVERS)  # the levers the rules name are the suite's own
+    assert rules.rule("--max-tokens-per-gpu").levers == ("thd-packing", "packed-loss")
+    assert rules.rule("--attention-backend").levers == ("attention-backend",)
+    assert rules.rule("--optimizer-offload-fraction").levers == ("optimizer-offload",)
     assert rules.rule("--wandb-project").klass == "inert"  # by a pattern
     assert rules.rule("--no-such-flag") is None
     for klass in CLASSES:
@@ -378,3 +383,29 @@ def test_bad_reference_file(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(RecipeError, match=message):
         load_reference(path)
+
+
+def test_every_lever_of_the_suite_is_recognised_by_its_entry_titles():
+    """Each lever's component-test titles (its levers' descriptions, as attach writes them) match
+    that lever's patterns in the rules file, and no other lever's."""
+    from correctness.attention import lever as attention, packing
+    from correctness.loss import packing as loss
+    from correctness.lever import LeverOptions
+    from correctness.optimizer import lever as offload
+
+    rules = default_rules()
+    tiers = [attention.cpu_tier(GEMMA, LeverOptions()), offload.cpu_tier(GEMMA, LeverOptions()),
+             packing.cpu_tier(NEMOTRON, LeverOptions()), loss.cpu_tier(NEMOTRON, LeverOptions())]
+    for levers in tiers:
+        for lever in levers:
+            assert [name for name, rule in rules.levers.items() if rule.matches(lever.description)] == [lever.name]
+
+
+def test_a_change_that_needs_two_levers_is_covered_only_when_both_pass(tmp_path):
+    packing = _entry("eager attention over two packed rows (THD) against the same rows one at a time", "pass")
+    loss = _entry("the per-token loss summed over packed rows against the same sum row by row", "pass")
+    offload = _entry("x", "pass", lever="optimizer-offload")
+    for entries, outcome in (([offload, packing], "missing"), ([offload, packing, loss], "covered"),
+                             ([offload, packing, {**loss, "result": "fail"}], "fail")):
+        path = copy_recipe(tmp_path, NEMOTRON, edit_data=_set_component_tests(entries))
+        assert changes_by_flag(classify_copy(path, NEMOTRON))["--max-tokens-per-gpu"].outcome == outcome

@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from correctness import cli
+from correctness import cli, commands
 from correctness.fixtures import FIXTURES_DIR, recipe_path
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -74,14 +74,14 @@ def test_help_prints_usage_once(capsys, command):
 @pytest.mark.parametrize("argv", [["run"], ["converge", "one.log"], ["check", "a.yaml", "--no-such-option"], []])
 def test_a_usage_error_is_one_line(capsys, argv):
     code, out, err = call(capsys, *argv)
-    assert code == cli.EXIT_BAD_INPUT and out == ""
+    assert code == commands.EXIT_BAD_INPUT and out == ""
     assert one_line(err) and err.startswith("correctness"), err
 
 
 @pytest.mark.parametrize("workers", ["-1", "-8"])
 def test_a_negative_worker_count_is_refused(capsys, no_pytest, workers):
     code, out, err = call(capsys, "run", recipe_path(NEMOTRON), "--tier", "cpu", "--workers", workers)
-    assert code == cli.EXIT_BAD_INPUT and out == ""
+    assert code == commands.EXIT_BAD_INPUT and out == ""
     assert one_line(err) and "--workers" in err and workers in err
 
 
@@ -93,7 +93,7 @@ def test_check_refuses_a_model_without_model_facts(capsys, tmp_path):
     not about this model, and no lever could have run at its shapes."""
     path = recipe_copy(tmp_path, "unknown-model.yaml", lambda data: data.update(model="Gemma-4-99B"))
     code, out, err = call(capsys, "check", path, "--reference", GEMMA_REFERENCE)
-    assert code == cli.EXIT_BAD_INPUT and out == ""
+    assert code == commands.EXIT_BAD_INPUT and out == ""
     assert one_line(err) and "Gemma-4-99B" in err and "gemma-4-99b.yaml" in err, err
 
 
@@ -112,7 +112,7 @@ def _drop_row_tokens(data):
 def test_run_refuses_a_bad_recipe_before_pytest(capsys, tmp_path, no_pytest, edit, message):
     path = recipe_copy(tmp_path, "bad.yaml", edit)
     code, out, err = call(capsys, "run", path, "--tier", "cpu", "--results-dir", tmp_path / "results")
-    assert code == cli.EXIT_BAD_INPUT and out == ""
+    assert code == commands.EXIT_BAD_INPUT and out == ""
     assert one_line(err) and message in err, err
 
 
@@ -126,7 +126,7 @@ def test_run_refuses_a_results_folder_it_cannot_write_before_pytest(capsys, tmp_
             pytest.skip("root writes into a read-only folder")
         results.mkdir(mode=0o555)
     code, out, err = call(capsys, "run", recipe_path(NEMOTRON), "--tier", "cpu", "--results-dir", results)
-    assert code == cli.EXIT_BAD_INPUT and out == ""
+    assert code == commands.EXIT_BAD_INPUT and out == ""
     assert one_line(err) and f"results folder {results}" in err, err
 
 
@@ -136,7 +136,7 @@ def test_run_refuses_a_recipe_its_levers_cannot_shape_in_one_line(tmp_path):
     path = recipe_copy(tmp_path, "tp3.yaml", lambda data: data["layout"].update(tp=3))
     finished = run_cli("run", path, "--tier", "cpu", "--results-dir", tmp_path / "results",
                        "--", "--collect-only", "-q", *QUIET, cwd=tmp_path)
-    assert finished.returncode == cli.EXIT_BAD_INPUT
+    assert finished.returncode == commands.EXIT_BAD_INPUT
     assert one_line(finished.stderr) and "over TP 3" in finished.stderr, finished.stderr
     assert finished.stdout == ""
 

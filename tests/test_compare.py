@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from correctness.compare import compare_outputs, compare_tensor, relative_l2_error, signed_mean_error
+from correctness.compare import OutputsAccumulator, compare_tensor
+from numerics import relative_l2_error
 from correctness.errors import ComparisonError
 from correctness.rule import DEFAULT_FACTOR, DEFAULT_SLACK, Rule
 
@@ -25,7 +26,7 @@ def with_value(tensor: torch.Tensor, index: tuple[int, ...], value: float) -> to
     return changed
 
 
-# relative_l2_error and signed_mean_error
+# relative errors and the bias field
 
 
 def test_relative_l2_error_of_a_hand_computed_example():
@@ -45,15 +46,18 @@ def test_relative_l2_error_is_computed_in_fp64():
     assert relative_l2_error(judged, reference) == (1 / 256, "relative")
 
 
-def test_signed_mean_error_is_positive_above_and_negative_below_the_reference():
-    reference = torch.tensor([3.0, 4.0])
-    assert signed_mean_error(reference + 0.5, reference) > 0.0
-    assert signed_mean_error(reference - 0.5, reference) < 0.0
-    assert signed_mean_error(reference.clone(), reference) == 0.0
+def test_the_bias_field_is_the_signed_mean_error_in_units_of_the_references_rms():
+    reference = torch.tensor([3.0, 4.0], dtype=torch.float64)  # rms sqrt(12.5)
+    above = compare_tensor("x", (reference + 0.5).float(), reference.float(), reference, RULE)
+    below = compare_tensor("x", (reference - 0.5).float(), reference.float(), reference, RULE)
+    exact = compare_tensor("x", reference.float(), (reference + 0.5).float(), reference, RULE)
+    assert above.bias == pytest.approx(0.5 / math.sqrt(12.5)) and below.bias == pytest.approx(-0.5 / math.sqrt(12.5))
+    assert exact.bias == 0.0 and exact.default_bias == pytest.approx(0.5 / math.sqrt(12.5))
 
 
-def test_signed_mean_error_against_a_zero_reference_is_the_plain_mean():
-    assert signed_mean_error(torch.tensor([-1.0, -3.0]), torch.zeros(2)) == -2.0
+def test_the_bias_against_a_zero_reference_is_the_plain_mean():
+    zeros = torch.zeros(2, dtype=torch.float64)
+    assert compare_tensor("x", torch.tensor([-1.0, -3.0]), torch.zeros(2), zeros, RULE).bias == -2.0
 
 
 # compare_tensor: the rule's edge
@@ -195,11 +199,17 @@ def test_reference_shape_mismatch_raises():
         compare_tensor("out", torch.zeros(4), torch.zeros(4), torch.zeros(1, 4, dtype=torch.float64), RULE)
 
 
-# compare_outputs: the three must name the same tensors
+# OutputsAccumulator: the three must name the same tensors
 
 
 def outputs(*names: str) -> dict[str, torch.Tensor]:
     return {name: reference_2x3() for name in names}
+
+
+def compare_outputs(judged, default, reference, rule):
+    accumulator = OutputsAccumulator(rule=rule)
+    accumulator.add(judged, default, reference)
+    return accumulator.results()
 
 
 def test_compare_outputs_compares_every_reference_tensor_in_its_order():

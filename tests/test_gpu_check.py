@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from correctness.errors import CaseInputError
-from correctness.optimizer.slices import load_slice, param_slices
+from correctness.optimizer.checkpoint_values import load_slice
+from correctness.optimizer.layout import param_slices
 
 ROOT = Path(__file__).resolve().parent.parent
 ABSENT_ON_A_BARE_IMAGE = ("ruamel", "jsonschema", "matplotlib", "hypothesis", "transformers", "pyarrow",

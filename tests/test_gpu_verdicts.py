@@ -30,7 +30,6 @@ from correctness.harness import run_case, run_lever
 from correctness.lever import Lever, LeverOptions, RecipeRef
 from correctness.provenance import gpu_type
 from correctness.pytest_plugin import _missing_hardware
-from correctness.results import record_to_json
 from correctness.attention.shapes import AttentionShape
 
 RECIPE = RecipeRef(id="toy/h100/stand-in", model="Toy", gpu="H100", sha256="0" * 64)
@@ -141,7 +140,7 @@ def test_te_tier_passes_where_te_runs_what_the_recipe_says(monkeypatch):
 
 def test_the_recipe_entry_says_which_layers_had_no_kernel_change(monkeypatch):
     StandInTE().install(monkeypatch)
-    entry = component_test_entry(record_to_json(run_lever(te_lever(CLAIMED))))
+    entry = component_test_entry(run_lever(te_lever(CLAIMED)))
     assert entry["result"] == "pass"
     assert "on the sliding-window layers te-fused (F16_arbitrary_seqlen) runs, whose relative L2 error" in entry["detail"]
     assert ("on the global layers te-unfused runs, the default's own kernel: no kernel change, bitwise identical"

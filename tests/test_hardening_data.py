@@ -25,7 +25,8 @@ import pytest
 
 from correctness.attach import attach, attach_convergence
 from correctness.classify import load_reference
-from correctness.cli import EXIT_BAD_INPUT, main
+from correctness.cli import main
+from correctness.commands import EXIT_BAD_INPUT
 from correctness.convergence import read_curve
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import recipe_path

@@ -20,6 +20,7 @@ from correctness.optimizer.inputs import (
     raw_gradient,
     row_blocks,
 )
+from correctness.optimizer.layout import SMOKE
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
 from correctness.optimizer.paths import (
     QUANTITIES,
@@ -29,13 +30,13 @@ from correctness.optimizer.paths import (
     TorchAdamW,
     megatron_clip_coefficient,
 )
-from correctness.optimizer.slices import SMOKE, synthetic_slice
+from correctness.optimizer.synthetic_values import synthetic_slice
 from correctness.recipes import load_recipe
+from numerics import FP32_AGREEMENT
 from references.adamw import clip_coefficient
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 # FP32 arithmetic against FP64 after three steps: rounding alone is far below this.
-FP32_AGREEMENT = 1e-6
 
 
 def gemma():

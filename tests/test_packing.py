@@ -9,7 +9,7 @@ from correctness.attention.masks import visible_keys
 from correctness.attention.packing import PerRow, boundary_one_late, without_boundary
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
-from correctness.compare import relative_l2_error
+from numerics import FP32_AGREEMENT, relative_l2_error
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.loss import packing as loss
@@ -17,7 +17,6 @@ from correctness.attention.shapes import AttentionShape
 from references.cross_entropy import masked_loss_sum
 
 CPU = torch.device("cpu")
-FP32_AGREEMENT = 1e-5  # FP32 paths against FP64: rounding alone is far below this
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
 

@@ -9,7 +9,7 @@ refused and the recipe left untouched. Exit status: 0 attached, 2 refused or bad
 """
 
 from correctness.attach import attach
-from correctness.cli import EXIT_OK, emit
+from correctness.commands import EXIT_OK, emit
 from correctness.report import format_table
 
 

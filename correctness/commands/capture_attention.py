@@ -40,7 +40,7 @@ are checked before anything is read, the checkpoint's safetensors headers before
 import argparse
 
 from correctness.attention.capture import DELEGATES, capture_attention
-from correctness.cli import EXIT_OK, emit
+from correctness.commands import EXIT_OK, emit
 from correctness.recipes import load_recipe
 from correctness.report import format_table
 

@@ -10,7 +10,7 @@ whose model has no model facts included (no verdict without them: see correctnes
 """
 
 from correctness.check import PASS, check_recipe
-from correctness.cli import EXIT_FAIL, EXIT_OK, emit
+from correctness.commands import EXIT_FAIL, EXIT_OK, emit
 from correctness.report import format_table
 
 

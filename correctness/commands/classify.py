@@ -35,9 +35,10 @@ from correctness.classify import (
     classify_recipe,
     load_rules,
 )
-from correctness.cli import EXIT_FAIL, EXIT_OK, emit
+from correctness.commands import EXIT_FAIL, EXIT_OK, emit
 from correctness.recipes import load_recipe
 from correctness.report import format_table
+from correctness.results import FAIL, NO_KERNEL_CHANGE, PASS
 
 RESULT_CELLS = {OK: "-", ERROR: "ERROR", REVIEW: "REVIEW"}  # rows without a lever
 
@@ -56,8 +57,8 @@ def _values(values: tuple[str, ...] | None, default: tuple[str, ...] | None) -> 
 
 
 def _row(change: Change) -> list[str]:
-    if change.lever is not None:
-        result = change.lever_result or "no result"
+    if change.levers:
+        result = ", ".join(change.result_of(lever) or "no result" for lever in change.levers)
     else:
         result = RESULT_CELLS[change.outcome]
     reason = "; ".join([change.reason, *change.notes])
@@ -65,7 +66,7 @@ def _row(change: Change) -> list[str]:
         change.flag,
         f"{_values(change.reference_values, change.default)} -> {_values(change.candidate_values, change.default)}",
         change.klass,
-        change.lever or ("none" if change.klass == "numerics" else "-"),
+        ", ".join(change.levers) or ("none" if change.klass == "numerics" else "-"),
         result,
         reason,
     ]
@@ -76,9 +77,12 @@ def _need(change: Change) -> str:
     if change.outcome == ERROR:
         return "must match the reference (a configuration error)"
     if change.outcome == FAILED:
-        return f"the {change.lever} component test failed"
+        failed = [lever for lever in change.levers if change.result_of(lever) == FAIL]
+        return f"the {' and '.join(failed)} component test{'s' if len(failed) > 1 else ''} failed"
     if change.outcome == MISSING:
-        return f"needs a passing {change.lever} component test in correctness.component_tests"
+        missing = [lever for lever in change.levers if change.result_of(lever) not in (PASS, NO_KERNEL_CHANGE)]
+        return (f"needs a passing {' and a passing '.join(missing)} component test in"
+                " correctness.component_tests")
     if change.outcome == REVIEW:
         return "needs review (" + ("not classed by the rules file" if change.klass == UNKNOWN
                                    else "no lever covers this numerics change") + ")"

@@ -20,25 +20,31 @@ and result:
   drift                least-squares trend of c - g over the compared steps, as a share of the mean
                        reference loss: |drift| <= 2%; only for curves of 50 steps or more
 The five middle checks skip the first 20% of points (pipeline thresholds; function thresholds: 0).
-The last line gives the recipe's `correctness.convergence` fields (--json: everything); --attach
-writes them into RECIPE.yaml's correctness.convergence (the rest of the file keeps every byte).
+The last line gives the recipe's `correctness.convergence` fields, rounded as the recipe holds them
+(--json: everything, every figure at full precision); --attach writes them into RECIPE.yaml's
+correctness.convergence (the rest of the file keeps every byte).
 
 Exit status: 0 every check passes; 1 a check fails; 2 bad input (an unreadable or unrecognised file,
 no losses, a non-numeric loss, curves of different lengths), with a one-line message naming the file.
 """
 
 import argparse
+from pathlib import Path
+
+import numpy as np
 
 from correctness.attach import attach_convergence
-from correctness.cli import EXIT_FAIL, EXIT_OK, emit
+from correctness.commands import EXIT_FAIL, EXIT_OK, emit
 from correctness.convergence import (
     THRESHOLDS,
+    ConvergenceResult,
     check_convergence,
     convergence_block,
     format_report,
     read_curve,
-    write_plot,
 )
+from correctness.convergence.checks import block_text
+from correctness.errors import CorrectnessError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,3 +76,52 @@ def run(args: argparse.Namespace) -> int:
         data["attached"] = str(args.attach)
     emit(args, lines, data)
     return EXIT_OK if result.passed else EXIT_FAIL
+
+
+def write_plot(result: ConvergenceResult, path: str | Path) -> None:
+    """PNG: both curves (skipped steps shaded, point-wise failures marked) above their difference
+    (the point-wise tolerance band and the fitted drift). matplotlib is imported only here, Agg only."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    steps, c, g = result.steps, result.candidate_losses, result.reference_losses
+    figure = Figure(figsize=(9, 6.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    top.plot(steps, g, label=f"reference ({Path(result.reference.source).name})", color="tab:blue", lw=1.5)
+    top.plot(steps, c, label=f"candidate ({Path(result.candidate.source).name})", color="tab:orange", lw=1.2)
+    if result.skipped and len(steps):
+        end = (steps[result.skipped - 1] + steps[result.skipped]) / 2 if result.skipped < len(steps) else steps[-1]
+        for axis in (top, bottom):
+            axis.axvspan(steps[0], end, color="0.9", zorder=0)
+        top.text(steps[0], 1.0, f" skipped ({result.skipped})", transform=top.get_xaxis_transform(),
+                 va="top", fontsize=8, color="0.4")
+    finite = np.isfinite(c) & np.isfinite(g)
+    failed = np.isin(steps, result.pointwise_failure_steps) & finite
+    if failed.any():
+        top.plot(steps[failed], c[failed], "x", color="tab:red", label="point-wise failure")
+    for index, step in enumerate(steps[~finite]):
+        top.axvline(step, color="tab:red", lw=0.8, ls=":", label=None if index else "non-finite loss")
+    top.set_ylabel("loss")
+    fields = block_text(result, leave_out=("result",))
+    top.set_title(f"{result.result.upper()} · {result.thresholds.name} thresholds · {fields}", fontsize=9)
+    top.xaxis.set_major_locator(MaxNLocator(integer=True))
+    top.legend(fontsize=8)
+
+    band = result.thresholds.pointwise_tolerance(g) * np.abs(g)
+    bottom.fill_between(steps, -band, band, color="tab:green", alpha=0.15, label="point-wise tolerance")
+    bottom.axhline(0.0, color="0.5", lw=0.8)
+    bottom.plot(steps, c - g, color="tab:purple", lw=1.2, label="candidate - reference")
+    drift = result.drift
+    if drift is not None:
+        x = np.array([drift.first_step, drift.last_step], dtype=np.float64)
+        bottom.plot(x, drift.intercept + drift.slope * x, color="black", ls="--", lw=1.0,
+                    label=f"fitted drift {drift.relative:+.2%} ({result.check('drift').status})")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("difference")
+    bottom.legend(fontsize=8)
+    try:
+        figure.savefig(path, format="png", dpi=110)
+    except OSError as error:
+        raise CorrectnessError(f"{path}: cannot write the plot ({error.strerror or error})") from None

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import torch
 
-from correctness.cli import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
+from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
 from correctness.hardware import GPU_MARKERS  # not from correctness.pytest_plugin: see hardware.py

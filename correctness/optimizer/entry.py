@@ -10,13 +10,13 @@ from correctness.entries import (
     count,
     determinism_sentence,
     evidence_sentence,
-    ran_cases,
     ratio_range,
     sci,
     skipped_sentence,
     where_sentence,
     worst_tensor,
 )
+from correctness.results import LeverRecord
 
 SECONDARY = "against fp64-adamw (fp32 hyperparameters)"
 
@@ -81,14 +81,14 @@ def _per_optimizer(shape: dict[str, Any]) -> str:
     return f", each optimizer split on its own ({shares} on the GPU)"
 
 
-def _shape_sentence(record: dict[str, Any]) -> str:
-    shape = record["cases"][0]["shape"]
+def _shape_sentence(record: LeverRecord) -> str:
+    shape = record.cases[0].shape
     layers = ", ".join(f"layer {layer} ({kind})" for layer, kind in zip(shape["layers"], shape["layer_kinds"]))
     scale = "" if shape["scale"] == "recipe" else f" (at the {shape['scale']} scale)"
-    sources = sorted({case["variant"].replace("-", " ") for case in ran_cases(record)})
+    sources = sorted({case.variant.replace("-", " ") for case in record.ran_cases()})
     norms = and_list([f"{norm:g}" for norm in shape["preclip_norms"]])
     return (
-        f"TP {shape['tp_size']} rank {shape['tp_rank']}'s slices of {record['recipe']['model']} {layers} and"
+        f"TP {shape['tp_size']} rank {shape['tp_rank']}'s slices of {record.recipe.model} {layers} and"
         f" embedding rows 0-{shape['embedding_rows'] - 1:,}{scale}: {shape['tensors']} tensors,"
         f" {shape['parameters']:,} parameters, {100 * shape['gpu_share']:.1f}% of them on the GPU at fraction"
         f" {shape['fraction']:g} ({_gpu_holdings(shape)}){_per_optimizer(shape)}; {', '.join(sources)},"
@@ -97,9 +97,9 @@ def _shape_sentence(record: dict[str, Any]) -> str:
     )
 
 
-def entry_text(record: dict[str, Any]) -> dict[str, str]:
-    cases = ran_cases(record)
-    summary = cases[0]["summary"]
+def entry_text(record: LeverRecord) -> dict[str, str]:
+    cases = record.ran_cases()
+    summary = cases[0].summary
     gpu, cpu = summary.get("gpu", {}), summary.get("cpu", {})
     parts = []
     if gpu:
@@ -107,11 +107,11 @@ def entry_text(record: dict[str, Any]) -> dict[str, str]:
         masters = [r for q in ("master", "update") for r in (quantities[q]["tensor_ratios"] or [])]
         case, worst = worst_tensor(record)
         parts.append(
-            f"after {count(case['shape']['steps'])} steps at the recipe's hyperparameters, the GPU partition's FP32"
+            f"after {count(case.shape['steps'])} steps at the recipe's hyperparameters, the GPU partition's FP32"
             f" masters and updates are {ratio_range(masters)} x the default's relative L2 error against FP64 and"
             f" its BF16 weights {ratio_range(quantities['bf16']['tensor_ratios'] or [])} x (worst tensor, the"
-            f" {worst['tensor'].split(':')[1]} of {_short(worst['tensor'].split(':')[0])},"
-            f" {bound_sentence(worst, record['lever']['rule'])})"
+            f" {worst.tensor.split(':')[1]} of {_short(worst.tensor.split(':')[0])},"
+            f" {bound_sentence(worst, record.lever['rule'])})"
         )
     if cpu:
         identical = "bitwise identical to" if cpu["bitwise_identical_to_default"] else "not bitwise identical to"

@@ -25,8 +25,10 @@ import torch
 
 from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Implementation, Streamed
 from correctness.models import ModelFacts, load_model
+from correctness.optimizer.checkpoint_values import load_slice
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
+from correctness.optimizer.layout import RECIPE, SMOKE, ParamScale, ParamSlice, first_layer_of_each_kind, param_slices
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
 from correctness.optimizer.paths import (
     QUANTITIES,
@@ -36,17 +38,8 @@ from correctness.optimizer.paths import (
     TeFusedAdam,
     TorchAdamW,
 )
-from correctness.optimizer.slices import (
-    RECIPE,
-    SMOKE,
-    ParamScale,
-    ParamSlice,
-    first_layer_of_each_kind,
-    load_slice,
-    param_slices,
-    synthetic_slice,
-)
 from correctness.optimizer.split import CPU, GPU, offload_split, offload_summary
+from correctness.optimizer.synthetic_values import synthetic_slice
 from correctness.recipes import Recipe, lever_recipe
 from correctness.results import CaseResult
 

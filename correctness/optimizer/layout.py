@@ -1,75 +1,19 @@
-"""The parameters an optimizer test updates: one rank's slices of named Megatron tensors.
-
+"""Megatron's parameter layout: which slices of which named tensors one TP/EP rank holds.
 `param_slices` lists them in model order (the embedding, then each layer's tensors in Megatron's
-named_parameters() order), each with its rank-local shape, kind, weight-decay group, the optimizer
-Megatron gives it ("dense" or "expert") and how to assemble it from a Hugging Face checkpoint.
+named_parameters() order) at a `ParamScale` (RECIPE or SMOKE), each with its rank-local shape, kind,
+weight-decay group, optimizer ("dense" or "expert"), the checkpoint blocks it is assembled from
+(`SourcePiece`, read by checkpoint_values) and its synthetic magnitudes (drawn by synthetic_values).
 Everything model-specific comes from the model's fixture (fixtures/models/<name>.yaml): the
 `megatron:` section (names, kinds, layouts, module order; one list for every layer, or one list per
 layer kind for a hybrid model), the `checkpoint:` section (HF tensor names per layer) and the
-`synthetic:` magnitudes.
+`synthetic:` magnitudes."""
 
-Megatron's layout at TP size t, rank r (megatron-core 0.16 with Megatron-Bridge's conversions, read
-in NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/conversion/param_mapping.py
-`merge_qkv_weights`, `GatedMLPMapping.hf_to_megatron`, `MambaInProjMapping`, `MambaConv1dMapping`):
-- linear_qkv (column-parallel, "qkv-grouped"): rows grouped per key-value group g, [the group's
-  query heads, k_g, v_g], each head `head_dim` rows; the fused tensor splits evenly by rows. With
-  at least t groups (G % t == 0) rank r holds groups r*G/t .. (r+1)*G/t - 1 whole; with fewer
-  (t % G == 0, megatron/core/transformer/attention.py `num_query_groups < world_size`) the same
-  even row split cuts inside a group's block: at G 2, t 4 rank 0 holds query heads 0-8 of group 0
-  and no K/V rows, rank 1 query heads 9-15, k_0 and v_0 (Megatron all-gathers the output and picks
-  the rank's group and query heads). Where the layer kind has k_eq_v (Gemma-4's global layers: no
-  v_proj in the checkpoint) the V rows are copies of the group's K rows, as Megatron-Bridge's
-  Gemma 4 bridge copies them on import (`maybe_modify_loaded_hf_weight`).
-- linear_fc1 (column-parallel, "gate-up"): rank r holds its 1/t of gate's rows, then its 1/t of
-  up's rows.
-- column-parallel `parts` (Mamba's in_proj z|x|B|C|dt and conv1d x|B|C, 1-D per-head tensors, a
-  plain column-parallel projection): the tensor is its parts concatenated along rows; each part
-  splits over TP on its own and rank r holds its share of every part, in order. A part of Mamba
-  heads or groups must give every rank whole heads or groups (MambaMixer's asserts).
-- linear_proj, linear_fc2, out_proj (row-parallel): all output rows, input columns r/t .. (r+1)/t.
-- replicated ("duplicated" TELinear, the MoE router): whole on every TP rank.
-- the embedding (vocab-parallel): rank r holds vocabulary rows r*V/t .. (r+1)*V/t - 1; a test takes
-  its first `embedding_rows` of them. Megatron pads V to a multiple of 128 x t; a vocabulary that
-  does not divide evenly is refused rather than modelled.
-- norm gains: whole, replicated on every rank.
-- routed experts (kind "expert", TEGroupedMLP `weight{i}`): EP rank e holds the experts
-  e*N .. (e+1)*N - 1, N = experts / EP, as local experts 0..N-1, whole at ETP 1 (ETP > 1 is
-  refused, not modelled). With EP > 1 Megatron marks them `allreduce=False` and puts them in its
-  separate expert-parallel optimizer (megatron/core/optimizer/__init__.py `get_megatron_optimizer`);
-  at EP 1 they stay in the dense one.
-
-Scales: RECIPE keeps the model's dimensions. SMOKE divides hidden, FFN, head dims (attention and
-Mamba), the Mamba state size, the expert, latent and shared-expert FFN sizes and the embedding rows
-by 16, and keeps head, group and expert counts, the conv kernel, the tensor list, order, kinds and
-the TP/EP split. For a dense model every 2-D tensor is then 1/256 of its recipe size (norms 1/16),
-so the offload split falls at the same tensors; tensors with an unscaled dimension (the router's
-expert rows, Mamba's per-head rows) shrink less, so a hybrid model's split may move. Smoke slices
-have no checkpoint counterpart (`sources` is empty); use synthetic values.
-
-Values: `load_slice` reads only the slice (safetensors' get_slice), never a whole tensor.
-`synthetic_slice` draws seeded normal values: seeded from the seed, the tensor's name, the TP
-rank, the scale and, for a routed expert, its global index, through SHA-256 (stable across runs and
-platforms), uniforms from numpy's PCG64 turned into normals by Box-Muller in FP64 (no rejection
-sampling, so a last-ulp difference in a platform's log or cos cannot shift the stream), scaled in
-FP64, rounded to FP32, then to BF16. Magnitudes: norm gains normal(norm_gain_mean, norm_gain_std)
-from the fixture (Gemma-4's RMSNorm multiplies by the stored gain, initialised to 1); embedding rows
-normal(0, embedding_std); a tensor whose spec names `init` takes synthetic.tensors.<init> (mean,
-std; `norm_gain` for a gain that is not a replicated norm); other weights normal(0, 1/sqrt(fan_in)),
-fan_in the whole tensor's input features at the slice's scale.
-"""
-
-import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from correctness.errors import CaseInputError, RecipeError, ShapeError
+from correctness.errors import RecipeError, ShapeError
 from correctness.models import ModelFacts
 
 KINDS = ("embedding", "column-parallel", "row-parallel", "norm", "replicated", "expert")
@@ -79,9 +23,6 @@ DIMENSIONS = (
     "hidden", "ffn", "attention", "head_dim", "mamba_inner", "mamba_heads", "mamba_state_groups",
     "conv_kernel", "experts", "expert_ffn", "latent", "shared_ffn",
 )
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-SYNTHETIC_CHUNK = 1 << 22  # values drawn per block (bounds memory; part of the stream's definition)
 NORM_GAIN = "norm_gain"  # an `init` naming the fixture's norm gain magnitudes
 
 
@@ -93,6 +34,13 @@ class ParamScale:
     divisor: int = 1
 
 
+# Scales: RECIPE keeps the model's dimensions. SMOKE divides hidden, FFN, head dims (attention and
+# Mamba), the Mamba state size, the expert, latent and shared-expert FFN sizes and the embedding rows
+# by 16, and keeps head, group and expert counts, the conv kernel, the tensor list, order, kinds and
+# the TP/EP split. For a dense model every 2-D tensor is then 1/256 of its recipe size (norms 1/16),
+# so the offload split falls at the same tensors; tensors with an unscaled dimension (the router's
+# expert rows, Mamba's per-head rows) shrink less, so a hybrid model's split may move. Smoke slices
+# have no checkpoint counterpart (`sources` is empty); use synthetic values.
 RECIPE = ParamScale(name="recipe")
 SMOKE = ParamScale(name="smoke", divisor=16)
 PARAM_SCALES = {scale.name: scale for scale in (RECIPE, SMOKE)}
@@ -309,6 +257,35 @@ def _trailing(model: ModelFacts, spec: dict[str, Any], kind: _Kind) -> tuple[int
     )
 
 
+# Megatron's layout at TP size t, rank r (megatron-core 0.16 with Megatron-Bridge's conversions, read
+# in NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/conversion/param_mapping.py
+# `merge_qkv_weights`, `GatedMLPMapping.hf_to_megatron`, `MambaInProjMapping`, `MambaConv1dMapping`):
+# - linear_qkv (column-parallel, "qkv-grouped"): rows grouped per key-value group g, [the group's
+#   query heads, k_g, v_g], each head `head_dim` rows; the fused tensor splits evenly by rows. With
+#   at least t groups (G % t == 0) rank r holds groups r*G/t .. (r+1)*G/t - 1 whole; with fewer
+#   (t % G == 0, megatron/core/transformer/attention.py `num_query_groups < world_size`) the same
+#   even row split cuts inside a group's block: at G 2, t 4 rank 0 holds query heads 0-8 of group 0
+#   and no K/V rows, rank 1 query heads 9-15, k_0 and v_0 (Megatron all-gathers the output and picks
+#   the rank's group and query heads). Where the layer kind has k_eq_v (Gemma-4's global layers: no
+#   v_proj in the checkpoint) the V rows are copies of the group's K rows, as Megatron-Bridge's
+#   Gemma 4 bridge copies them on import (`maybe_modify_loaded_hf_weight`).
+# - linear_fc1 (column-parallel, "gate-up"): rank r holds its 1/t of gate's rows, then its 1/t of
+#   up's rows.
+# - column-parallel `parts` (Mamba's in_proj z|x|B|C|dt and conv1d x|B|C, 1-D per-head tensors, a
+#   plain column-parallel projection): the tensor is its parts concatenated along rows; each part
+#   splits over TP on its own and rank r holds its share of every part, in order. A part of Mamba
+#   heads or groups must give every rank whole heads or groups (MambaMixer's asserts).
+# - linear_proj, linear_fc2, out_proj (row-parallel): all output rows, input columns r/t .. (r+1)/t.
+# - replicated ("duplicated" TELinear, the MoE router): whole on every TP rank.
+# - the embedding (vocab-parallel): rank r holds vocabulary rows r*V/t .. (r+1)*V/t - 1; a test takes
+#   its first `embedding_rows` of them. Megatron pads V to a multiple of 128 x t; a vocabulary that
+#   does not divide evenly is refused rather than modelled.
+# - norm gains: whole, replicated on every rank.
+# - routed experts (kind "expert", TEGroupedMLP `weight{i}`): EP rank e holds the experts
+#   e*N .. (e+1)*N - 1, N = experts / EP, as local experts 0..N-1, whole at ETP 1 (ETP > 1 is
+#   refused, not modelled). With EP > 1 Megatron marks them `allreduce=False` and puts them in its
+#   separate expert-parallel optimizer (megatron/core/optimizer/__init__.py `get_megatron_optimizer`);
+#   at EP 1 they stay in the dense one.
 def _qkv_grouped(
     model: ModelFacts, spec: dict[str, Any], hf, kind: _Kind, cols: int, tp: int, tp_rank: int
 ) -> tuple[tuple[int, ...], list[SourcePiece]]:
@@ -423,6 +400,12 @@ def _layer_tensor(
     )
 
 
+# Synthetic magnitudes (init_mean, init_std; synthetic_values draws normal(mean, std)): norm gains
+# normal(norm_gain_mean, norm_gain_std) from the fixture (Gemma-4's RMSNorm multiplies by the stored
+# gain, initialised to 1); embedding rows normal(0, embedding_std); a tensor whose spec names `init`
+# takes synthetic.tensors.<init> (mean, std; `norm_gain` for a gain that is not a replicated norm);
+# other weights normal(0, 1/sqrt(fan_in)), fan_in the whole tensor's input features at the slice's
+# scale.
 def _number(model: ModelFacts, dotted: str) -> float:
     value = model.field(dotted)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -599,114 +582,3 @@ def _experts(model: ModelFacts, spec: dict[str, Any], layer: int, kind: _Kind, e
         out.append((expert, name.format(expert=index), (rows, cols), cols, [piece]))
     return out
 
-
-# --- checkpoint values -------------------------------------------------------------------------
-
-
-def _checkpoint_files(folder: Path) -> dict[str, Path]:
-    """Each tensor's safetensors file, from the index or from a single model.safetensors."""
-    if not folder.is_dir():
-        raise CaseInputError(f"checkpoint folder {folder} does not exist")
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise CaseInputError(f"checkpoint index {index}: unreadable or without a weight_map") from None
-        if not isinstance(weight_map, dict):
-            raise CaseInputError(f"checkpoint index {index}: weight_map is not a mapping")
-        return {str(name): folder / str(file) for name, file in weight_map.items()}
-    single = folder / SINGLE_FILE
-    if single.is_file():
-        with _safe_open(single) as handle:
-            return {name: single for name in handle.keys()}
-    raise CaseInputError(f"checkpoint folder {folder} has neither {INDEX_FILE} nor {SINGLE_FILE}")
-
-
-def _safe_open(file: Path) -> Any:
-    """safetensors' reader, imported only here: a GPU image without safetensors runs every case but
-    the checkpoint ones."""
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        raise CaseInputError(f"reading {file} needs safetensors, which is not installed (pip install safetensors)") from None
-    return safe_open(str(file), framework="pt")
-
-
-def _read_piece(handle: Any, piece: SourcePiece, param: ParamSlice) -> torch.Tensor:
-    part = handle.get_slice(piece.tensor)
-    stored = tuple(part.get_shape())
-    dims = len(param.shape) if piece.cols is None else 2  # no cols: the rows with every trailing dimension
-    fits = len(stored) == dims and piece.rows[1] <= stored[0]
-    if fits and piece.cols is not None:
-        fits = piece.cols[1] <= stored[1]
-    if not fits or any(start < 0 or stop <= start for start, stop in filter(None, (piece.rows, piece.cols))):
-        raise CaseInputError(
-            f"checkpoint tensor {piece.tensor} has shape {list(stored)}; {param.name} needs its {piece.text()}"
-        )
-    if piece.cols is None:
-        return part[piece.rows[0] : piece.rows[1]]
-    return part[piece.rows[0] : piece.rows[1], piece.cols[0] : piece.cols[1]]
-
-
-def load_slice(checkpoint_dir: str | Path, param: ParamSlice) -> torch.Tensor:
-    """The slice's values (BF16) read from a Hugging Face safetensors checkpoint, block by block."""
-    if not param.sources:
-        raise CaseInputError(
-            f"{param.name}: {param.scale}-scale slices have no checkpoint values (use synthetic_slice)"
-        )
-    folder = Path(checkpoint_dir)
-    files = _checkpoint_files(folder)
-    by_file: dict[Path, list[SourcePiece]] = {}
-    for piece in param.sources:
-        if piece.tensor not in files:
-            raise CaseInputError(f"checkpoint {folder} has no tensor {piece.tensor} (needed for {param.name})")
-        by_file.setdefault(files[piece.tensor], []).append(piece)
-    out = torch.empty(param.shape, dtype=torch.bfloat16)
-    covered = 0
-    for file, pieces in by_file.items():
-        if not file.is_file():
-            raise CaseInputError(f"checkpoint {folder}: file {file.name} (holding {pieces[0].tensor}) is missing")
-        with _safe_open(file) as handle:
-            for piece in pieces:
-                block = _read_piece(handle, piece, param)
-                stop = piece.at + block.shape[0]
-                if stop > param.shape[0] or tuple(block.shape[1:]) != tuple(param.shape[1:]):
-                    raise CaseInputError(
-                        f"{param.name}: checkpoint block {piece.tensor} {piece.text()}"
-                        f" does not fit shape {list(param.shape)}"
-                    )
-                out[piece.at : stop] = block
-                covered += block.shape[0]
-    if covered != param.shape[0]:
-        raise CaseInputError(f"{param.name}: its checkpoint blocks cover {covered} of {param.shape[0]} rows")
-    return out
-
-
-# --- synthetic values --------------------------------------------------------------------------
-
-
-def synthetic_seed(param: ParamSlice, seed: int) -> int:
-    """A 128-bit generator seed from the seed, the tensor's name, the TP rank, the scale and a routed
-    expert's global index."""
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"synthetic seed {seed!r} is not an integer")
-    key = f"{seed}|{param.name}|tp{param.tp}/{param.tp_rank}|{param.scale}"
-    if param.expert is not None:
-        key += f"|expert{param.expert}"  # local names repeat on every EP rank
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "little")
-
-
-def synthetic_slice(param: ParamSlice, seed: int) -> torch.Tensor:
-    """Seeded values for the slice (BF16): normal(param.init_mean, param.init_std)."""
-    rng = np.random.Generator(np.random.PCG64(synthetic_seed(param, seed)))
-    out = torch.empty(param.numel, dtype=torch.bfloat16)
-    for start in range(0, param.numel, SYNTHETIC_CHUNK):
-        count = min(SYNTHETIC_CHUNK, param.numel - start)
-        pairs = (count + 1) // 2
-        radius = np.sqrt(-2.0 * np.log1p(-rng.random(pairs)))  # 1 - u in (0, 1]: log never sees 0
-        angle = (2.0 * np.pi) * rng.random(pairs)
-        normal = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
-        values = (normal * param.init_std + param.init_mean).astype(np.float32)
-        out[start : start + count] = torch.from_numpy(values)
-    return out.view(param.shape)

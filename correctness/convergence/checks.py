@@ -1,10 +1,10 @@
-"""Loss-curve convergence: a candidate run's per-step losses against a reference run's.
+"""The convergence checks of a candidate loss curve against a reference curve, and their results.
 
-`read_curve` reads a curve from a Megatron/miles training log, a CSV or a JSON file;
 `check_convergence` runs Megatron-Bridge's five checks (`validate_convergence`) on two curves, with
-what that function lets through closed, plus a drift check for longer runs; `convergence_block`
-gives the fields of a recipe's `correctness.convergence` block; `format_report` the table;
-`write_plot` a PNG of both curves and their difference.
+what that function lets through closed, plus finiteness, step coverage and a drift check for
+longer runs, and returns a `ConvergenceResult` of `Check`s; `convergence_block` gives the fields of
+a recipe's `correctness.convergence` block (rounded, as the recipe holds them); `format_report` the
+terminal table. `ConvergenceResult.to_dict` (--json) keeps every figure at full precision.
 
 What Megatron-Bridge does, as read in NVIDIA-NeMo/Megatron-Bridge
 scripts/performance/utils/evaluate.py (`validate_convergence`, `get_metrics_from_logfiles`) and
@@ -23,7 +23,7 @@ scripts/performance/argument_parser.py (`_testing_args`):
 - function defaults: correlation 0.95, tolerances 0.10 / 0.05 / 0.02, final 0.03, max_outlier_ratio
   0.1, outlier_threshold 3.0, skip 0.0. The pipeline's command-line defaults (argument_parser.py):
   final 0.05 and skip 0.20, the others the same.
-- log lines: `iteration\\s+(\\d+)/\\s+\\d+` and `lm loss:\\s+([\\d.E+\\-]+)` on the same line.
+- log lines: read by correctness.convergence.curves, which says how.
 
 Where this module differs, on purpose:
 - NaN or Inf in either curve fails (`finite losses`), naming the step; a correlation that is not
@@ -33,12 +33,8 @@ Where this module differs, on purpose:
 - Curves are paired by step, not by position: steps present in one curve only, or missing from both
   (a gap in the logging grid), fail `step coverage`. Curves of different lengths are bad input.
 - The final relative difference divides by |g| (Megatron-Bridge by g: the same for losses > 0).
-- The log's loss may be written `nan`/`inf` (Megatron prints `NAN` for a NaN loss); it is read, and
-  then fails, instead of being skipped.
-- Inputs are bounded: a regular file of at most 64 MiB (correctness.files.read_input; a FIFO or
-  /dev/zero is refused, not read forever), steps are integers from 0 to 2^63 - 1 (int64), and no
-  check does work beyond the number of points read (the gaps of steps {1, 2, 2e8} are counted, not
-  listed).
+- No check does work beyond the number of points read (the gaps of steps {1, 2, 2e8} are counted,
+  not listed); the inputs themselves are bounded by correctness.convergence.curves.
 
 A property of the outlier check worth knowing: with ddof 0 the squared z-scores of n residuals
 sum to n, so k points beyond 3 standard deviations need 9k < n, while failing needs k > 0.1 n. At
@@ -58,19 +54,14 @@ offset is not drift (it is the point-wise and final checks' business); either si
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from correctness.convergence.curves import Curve
 from correctness.errors import CorrectnessError
-from correctness.files import read_input
 from correctness.report import format_table
 
 # The golden-loss tiers of the point-wise tolerance (Megatron-Bridge: `golden > 2.0`, `golden > 0.5`).
@@ -108,182 +99,13 @@ PIPELINE = Thresholds(name="pipeline", final_loss_tolerance=0.05, skip_first_fra
 FUNCTION = Thresholds(name="function", final_loss_tolerance=0.03, skip_first_fraction=0.0)
 THRESHOLDS = {t.name: t for t in (PIPELINE, FUNCTION)}
 
-
-# Reading curves
-
-
-@dataclass(frozen=True, eq=False)
-class Curve:
-    """Per-step losses: steps strictly increasing, one loss each (float64, NaN and Inf kept)."""
-
-    source: str
-    format: str  # "log", "csv" or "json"
-    steps: np.ndarray
-    losses: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-
-def curve_from_pairs(source: str, fmt: str, pairs: list[tuple[int, float]]) -> Curve:
-    """A curve from (step, loss) pairs in file order; a repeated step keeps its last loss."""
-    if not pairs:
-        raise CorrectnessError(f"{source}: no losses found")
-    by_step = dict(pairs)
-    steps = np.array(sorted(by_step), dtype=np.int64)
-    return Curve(source, fmt, steps, np.array([by_step[s] for s in steps.tolist()], dtype=np.float64))
-
-
-_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+")
-_LM_LOSS = re.compile(r"\blm loss:\s*([^\s|]+)")
-_LOG_SUFFIXES = {".log", ".txt", ".out", ".err"}
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def parse_log(text: str, source: str) -> Curve:
-    """Megatron's training-log lines: `iteration N/ M | ... | lm loss: X | ...`; the last per N."""
-    pairs = []
-    for number, line in enumerate(text.splitlines(), 1):
-        iteration, loss = _ITERATION.search(line), _LM_LOSS.search(line)
-        if iteration is None or loss is None:
-            continue
-        value = _number(loss.group(1))
-        if value is None:
-            raise CorrectnessError(f"{source} line {number}: lm loss {loss.group(1)!r} is not a number")
-        pairs.append((_step(iteration.group(1), source, f"line {number}"), value))
-    if not pairs:
-        raise CorrectnessError(f"{source}: no training-log losses found (lines with 'iteration N/' and 'lm loss: X')")
-    return curve_from_pairs(source, "log", pairs)
-
-
-MAX_STEP = 2**63 - 1  # steps are held as int64
-
-
-def _step(value: Any, source: str, where: str) -> int:
-    """An integer step from 0 to MAX_STEP: a number, or the text of one (`12`, `1e3`)."""
-    if isinstance(value, str) and value.strip().isdigit():
-        digits = value.strip().lstrip("0") or "0"
-        number = int(digits) if len(digits) <= len(str(MAX_STEP)) else MAX_STEP + 1  # int() refuses 4,300 digits
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = value
-    else:
-        number = _number(str(value).strip())
-    if number is None or not math.isfinite(number) or number != int(number):
-        raise CorrectnessError(f"{source} {where}: step {_brief(value)} is not an integer")
-    if not 0 <= int(number) <= MAX_STEP:
-        raise CorrectnessError(f"{source} {where}: step {_brief(value)} is outside 0 to {MAX_STEP} (int64)")
-    return int(number)
-
-
-def _brief(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _loss(value: Any, source: str, where: str) -> float:
-    """A JSON number, or the text of one (a CSV cell); `nan` and `inf` are read, to fail later."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise CorrectnessError(f"{source} {where}: loss {value!r} is not a number")
-    number = float(value) if not isinstance(value, str) else _number(value.strip())
-    if number is None:
-        raise CorrectnessError(f"{source} {where}: loss {value!r} is not a number")
-    return number
-
-
-def parse_csv(text: str, source: str) -> Curve:
-    """A header naming `step` and `loss` columns (others ignored), then one row per step."""
-    rows = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text)), 1) if any(cell.strip() for cell in row)]
-    if not rows:
-        raise CorrectnessError(f"{source}: empty CSV (expected a header with columns step,loss)")
-    header = [cell.strip().lower() for cell in rows[0][1]]
-    if "step" not in header or "loss" not in header:
-        first = ",".join(rows[0][1])
-        raise CorrectnessError(f"{source}: CSV header must name columns step and loss (first row: {first})")
-    step_at, loss_at = header.index("step"), header.index("loss")
-    pairs = []
-    for number, row in rows[1:]:
-        if len(row) <= max(step_at, loss_at):
-            raise CorrectnessError(f"{source} line {number}: {len(row)} columns, the header has {len(header)}")
-        where = f"line {number}"
-        pairs.append((_step(row[step_at], source, where), _loss(row[loss_at], source, where)))
-    if not pairs:
-        raise CorrectnessError(f"{source}: CSV has a header but no rows")
-    return curve_from_pairs(source, "csv", pairs)
-
-
-def _json_loss(value: Any, source: str, where: str) -> float:
-    if isinstance(value, str):
-        raise CorrectnessError(f"{source} {where}: loss {value!r} is not a number (a JSON string)")
-    return _loss(value, source, where)
-
-
-def parse_json(text: str, source: str) -> Curve:
-    """A list of losses (steps 1..N), {"step": loss}, or [{"step": .., "loss": ..}, ...]."""
-    try:
-        data = json.loads(text)
-    except ValueError as error:  # also an integer of more than 4,300 digits
-        raise CorrectnessError(f"{source}: not valid JSON ({error})") from None
-    except RecursionError:
-        raise CorrectnessError(f"{source}: not valid JSON (nested too deeply)") from None
-    if isinstance(data, dict):
-        pairs = [(_step(k, source, f"key {k!r}"), _json_loss(v, source, f"step {k}")) for k, v in data.items()]
-    elif isinstance(data, list) and all(isinstance(item, dict) for item in data) and data:
-        pairs = []
-        for index, item in enumerate(data):
-            if "step" not in item or "loss" not in item:
-                raise CorrectnessError(f"{source} item {index}: expected keys 'step' and 'loss', got {sorted(item)}")
-            where = f"item {index}"
-            pairs.append((_step(item["step"], source, where), _json_loss(item["loss"], source, where)))
-    elif isinstance(data, list):
-        pairs = [(index + 1, _json_loss(v, source, f"item {index}")) for index, v in enumerate(data)]
-    else:
-        raise CorrectnessError(f"{source}: expected a JSON list of losses, {{step: loss}} or a list of {{step, loss}}")
-    if not pairs:
-        raise CorrectnessError(f"{source}: no losses in the JSON")
-    return curve_from_pairs(source, "json", pairs)
-
-
-def _sniff(text: str) -> str | None:
-    stripped = text.lstrip()
-    if stripped[:1] in ("[", "{"):
-        return "json"
-    if _ITERATION.search(text) and _LM_LOSS.search(text):
-        return "log"
-    first = stripped.splitlines()[0].lower() if stripped else ""
-    if "," in first and "step" in first and "loss" in first:
-        return "csv"
-    return None
-
-
-def read_curve(path: str | Path) -> Curve:
-    """Read a loss curve; the format from the extension (.log/.txt/.out/.err, .csv, .json), else the content."""
-    path = Path(path)
-    source = str(path)
-    text = read_input(path, source).decode("utf-8-sig", errors="replace")  # a byte order mark is not a character
-    suffix = path.suffix.lower()
-    fmt = {".csv": "csv", ".json": "json"}.get(suffix) or ("log" if suffix in _LOG_SUFFIXES else None)
-    if fmt is None:
-        fmt = _sniff(text)
-    if fmt is None:
-        raise CorrectnessError(
-            f"{source}: cannot tell the format (expected a training log with 'iteration N/' and 'lm loss: X', "
-            "a CSV with a step,loss header, or JSON)")
-    return {"log": parse_log, "csv": parse_csv, "json": parse_json}[fmt](text, source)
-
-
 # The checks
 
 
 PASS, FAIL, NOT_APPLIED = "pass", "fail", "not applied"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Check:
     """One check: its value (None where not defined), its limit, and what decided it."""
 
@@ -313,7 +135,7 @@ class Drift:
     relative_stderr: float  # its standard error, from the fit's residuals
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class ConvergenceResult:
     candidate: Curve
     reference: Curve
@@ -348,9 +170,10 @@ class ConvergenceResult:
         return next(check for check in self.checks if check.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything, for --json: the recipe block's fields first, then each check in full."""
+        """Everything, for --json: the recipe block's fields first, then each check in full. Every
+        figure at full precision: rounding is for the recipe block and the terminal."""
         return {
-            **_block_fields(self),  # undefined figures as null
+            **_block_fields(self, rounded=False),  # undefined figures as null
             "candidate": self.candidate.source,
             "reference": self.reference.source,
             "thresholds": self.thresholds.to_dict(),
@@ -379,8 +202,8 @@ def _finite_check(candidate: Curve, reference: Curve) -> Check:
     bad = [f"{role} loss is {curve.losses[i]} at step {curve.steps[i]}"
            for role, curve in (("candidate", candidate), ("reference", reference))
            for i in np.flatnonzero(~np.isfinite(curve.losses))]
-    return Check("finite losses", FAIL if bad else PASS, len(bad), 0.0,
-                 f"{len(bad)} non-finite", "none", _few(bad) if bad else "")
+    return Check(name="finite losses", status=FAIL if bad else PASS, value=len(bad), threshold=0.0,
+                 shown=f"{len(bad)} non-finite", limit="none", detail=_few(bad) if bad else "")
 
 
 def grid_gaps(steps: np.ndarray, stride: int, limit: int = 8) -> tuple[int, list[int]]:
@@ -414,8 +237,8 @@ def _coverage_check(candidate: Curve, reference: Curve) -> Check:
         problems.append(f"steps only in the reference: {_steps_text(only_reference)}")
     n_bad = n_missing + len(only_candidate) + len(only_reference)
     shown = f"{union[0]}-{union[-1]}" + (f" every {stride}" if stride != 1 else "")
-    return Check("step coverage", FAIL if problems else PASS, n_bad, 0.0, shown,
-                 "same steps, no gaps", "; ".join(problems))
+    return Check(name="step coverage", status=FAIL if problems else PASS, value=n_bad, threshold=0.0, shown=shown,
+                 limit="same steps, no gaps", detail="; ".join(problems))
 
 
 def _correlation_check(c: np.ndarray, g: np.ndarray, limit: float) -> tuple[Check, float | None]:
@@ -430,11 +253,13 @@ def _correlation_check(c: np.ndarray, g: np.ndarray, limit: float) -> tuple[Chec
             why = (f"undefined: the {' and the '.join(constant)} curve{'s are' if len(constant) > 1 else ' is'}"
                    " constant over the compared steps (Megatron-Bridge's check passes this)")
     if why is not None:
-        return Check("correlation", FAIL, None, limit, "undefined", f">= {limit}", why), None
+        return Check(name="correlation", status=FAIL, value=None, threshold=limit, shown="undefined",
+                     limit=f">= {limit}", detail=why), None
     value = float(np.corrcoef(c, g)[0, 1])
     passed = value >= limit
-    return Check("correlation", PASS if passed else FAIL, value, limit, f"{value:.5f}", f">= {limit}",
-                 "" if passed else f"Pearson correlation {value:.5f} < {limit}"), value
+    return Check(name="correlation", status=PASS if passed else FAIL, value=value, threshold=limit,
+                 shown=f"{value:.5f}", limit=f">= {limit}",
+                 detail="" if passed else f"Pearson correlation {value:.5f} < {limit}"), value
 
 
 def _relative_difference(c: np.ndarray | float, g: np.ndarray | float) -> np.ndarray:
@@ -461,21 +286,24 @@ def _pointwise_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, t: Thresho
         detail = f"{count}/{n} points outside tolerance ({ratio:.1%} > {t.max_outlier_ratio:.0%}): {listed}"
     else:
         detail = f"{count} outside tolerance, within the allowed ratio: {listed}" if count else ""
-    check = Check("point-wise tolerance", PASS if passed else FAIL, None if n == 0 else ratio, t.max_outlier_ratio,
-                  f"{count}/{n}", limit, detail)
+    check = Check(name="point-wise tolerance", status=PASS if passed else FAIL, value=None if n == 0 else ratio,
+                  threshold=t.max_outlier_ratio, shown=f"{count}/{n}", limit=limit, detail=detail)
     return check, tuple(int(s) for s in steps[failed])
 
 
 def _final_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, limit: float) -> tuple[Check, float | None]:
     if len(c) == 0:
-        return Check("final loss", FAIL, None, limit, "undefined", f"<= {limit}", "no compared points"), None
+        return Check(name="final loss", status=FAIL, value=None, threshold=limit, shown="undefined",
+                     limit=f"<= {limit}", detail="no compared points"), None
     value = float(_relative_difference(c[-1], g[-1]))
     where = f"step {steps[-1]}: {c[-1]:.6g} vs {g[-1]:.6g}"
     if not math.isfinite(value):
-        return Check("final loss", FAIL, None, limit, "undefined", f"<= {limit}", f"non-finite at {where}"), None
+        return Check(name="final loss", status=FAIL, value=None, threshold=limit, shown="undefined",
+                     limit=f"<= {limit}", detail=f"non-finite at {where}"), None
     passed = value <= limit
-    return Check("final loss", PASS if passed else FAIL, value, limit, f"{value:.4g}", f"<= {limit}",
-                 where if passed else f"relative difference {value:.4g} > {limit} at {where}"), value
+    return Check(name="final loss", status=PASS if passed else FAIL, value=value, threshold=limit,
+                 shown=f"{value:.4g}", limit=f"<= {limit}",
+                 detail=where if passed else f"relative difference {value:.4g} > {limit} at {where}"), value
 
 
 def _outlier_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, t: Thresholds) -> Check:
@@ -483,7 +311,8 @@ def _outlier_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, t: Threshold
     residuals = c - g
     if len(residuals) == 0 or not np.all(np.isfinite(residuals)):
         why = "no compared points" if len(residuals) == 0 else "undefined: non-finite losses"
-        return Check("residual outliers", FAIL, None, t.max_outlier_ratio, "undefined", limit, why)
+        return Check(name="residual outliers", status=FAIL, value=None, threshold=t.max_outlier_ratio,
+                     shown="undefined", limit=limit, detail=why)
     deviation = np.abs(residuals - residuals.mean())
     outliers = deviation > t.outlier_threshold * residuals.std()
     count, n = int(outliers.sum()), len(residuals)
@@ -494,8 +323,8 @@ def _outlier_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, t: Threshold
                   f"{t.max_outlier_ratio:.0%}) at steps {listed}")
     else:
         detail = f"{count} within the allowed ratio, at steps {listed}" if count else ""
-    return Check("residual outliers", PASS if passed else FAIL, count / n, t.max_outlier_ratio,
-                 f"{count}/{n}", limit, detail)
+    return Check(name="residual outliers", status=PASS if passed else FAIL, value=count / n,
+                 threshold=t.max_outlier_ratio, shown=f"{count}/{n}", limit=limit, detail=detail)
 
 
 def fit_drift(steps: np.ndarray, c: np.ndarray, g: np.ndarray) -> Drift:
@@ -518,21 +347,22 @@ def _drift_check(steps: np.ndarray, c: np.ndarray, g: np.ndarray, n_steps: int,
                  t: Thresholds) -> tuple[Check, Drift | None]:
     limit = f"|drift| <= {t.drift_tolerance:.0%} of the reference loss"
     if n_steps < t.drift_min_steps:
-        return Check("drift", NOT_APPLIED, None, t.drift_tolerance, "-", limit,
-                     f"needs at least {t.drift_min_steps} steps, these curves have {n_steps}"), None
+        return Check(name="drift", status=NOT_APPLIED, value=None, threshold=t.drift_tolerance, shown="-", limit=limit,
+                     detail=f"needs at least {t.drift_min_steps} steps, these curves have {n_steps}"), None
     if len(c) < 3:
-        return Check("drift", NOT_APPLIED, None, t.drift_tolerance, "-", limit,
-                     f"{len(c)} compared points, a fit needs 3"), None
+        return Check(name="drift", status=NOT_APPLIED, value=None, threshold=t.drift_tolerance, shown="-", limit=limit,
+                     detail=f"{len(c)} compared points, a fit needs 3"), None
     if not (np.all(np.isfinite(c)) and np.all(np.isfinite(g))):
-        return Check("drift", FAIL, None, t.drift_tolerance, "undefined", limit, "undefined: non-finite losses"), None
+        return Check(name="drift", status=FAIL, value=None, threshold=t.drift_tolerance, shown="undefined",
+                     limit=limit, detail="undefined: non-finite losses"), None
     drift = fit_drift(steps, c, g)
     passed = abs(drift.relative) <= t.drift_tolerance
     fitted = (f"fitted candidate - reference changes by {drift.change:+.4g} from step {drift.first_step} to "
               f"{drift.last_step}, {drift.relative:+.2%} of the mean reference loss (standard error "
               f"{drift.relative_stderr:.2%})")
     detail = fitted if passed else f"{fitted}, beyond {t.drift_tolerance:.0%}"
-    return Check("drift", PASS if passed else FAIL, drift.relative, t.drift_tolerance,
-                 f"{drift.relative:+.2%}", limit, detail), drift
+    return Check(name="drift", status=PASS if passed else FAIL, value=drift.relative, threshold=t.drift_tolerance,
+                 shown=f"{drift.relative:+.2%}", limit=limit, detail=detail), drift
 
 
 def check_convergence(candidate: Curve, reference: Curve, thresholds: Thresholds = PIPELINE) -> ConvergenceResult:
@@ -564,8 +394,10 @@ def check_convergence(candidate: Curve, reference: Curve, thresholds: Thresholds
         _outlier_check(window, c, g, thresholds),
         drift_check,
     )
-    return ConvergenceResult(candidate, reference, thresholds, steps, c_all, g_all, skipped, checks,
-                             correlation, final, pointwise_steps, drift)
+    return ConvergenceResult(
+        candidate=candidate, reference=reference, thresholds=thresholds, steps=steps, candidate_losses=c_all,
+        reference_losses=g_all, skipped=skipped, checks=checks, correlation=correlation,
+        final_loss_difference=final, pointwise_failure_steps=pointwise_steps, drift=drift)
 
 
 # The recipe's block and the report
@@ -583,13 +415,18 @@ def round_difference(value: float) -> float:
     return float(f"{value:.3g}")
 
 
-def _block_fields(result: ConvergenceResult) -> dict[str, Any]:
+def _block_fields(result: ConvergenceResult, *, rounded: bool = True) -> dict[str, Any]:
+    """The block's fields in the recipe's order, undefined figures as None; `rounded` as the recipe
+    holds them (round_correlation, round_difference), else at full precision (--json)."""
+    correlation, final = result.correlation, result.final_loss_difference
+    if rounded:
+        correlation = None if correlation is None else round_correlation(correlation)
+        final = None if final is None else round_difference(final)
     return {
         "steps": len(result.candidate),
         "result": result.result,
-        "correlation": None if result.correlation is None else round_correlation(result.correlation),
-        "final_loss_difference": (None if result.final_loss_difference is None
-                                  else round_difference(result.final_loss_difference)),
+        "correlation": correlation,
+        "final_loss_difference": final,
         "pointwise_failures": result.pointwise_failures,
     }
 
@@ -613,60 +450,12 @@ def format_report(result: ConvergenceResult) -> list[str]:
     ]
     rows = [[c.name, c.shown, c.limit, c.status, c.detail] for c in result.checks]
     lines += ["  " + line for line in format_table(["check", "value", "threshold", "result", "detail"], rows)]
-    return lines + ["recipe block: " + _block_text(result)]
+    return lines + ["recipe block: " + block_text(result)]
 
 
-def _block_text(result: ConvergenceResult, leave_out: tuple[str, ...] = ()) -> str:
-    """The block's fields in a line, in the recipe's order."""
+def block_text(result: ConvergenceResult, leave_out: tuple[str, ...] = ()) -> str:
+    """The block's fields in a line, in the recipe's order, rounded as the recipe holds them."""
     block = _block_fields(result)
     return ", ".join(f"{key} {'undefined' if value is None else value}"
                      for key, value in block.items() if key not in leave_out)
 
-
-def write_plot(result: ConvergenceResult, path: str | Path) -> None:
-    """PNG: both curves (skipped steps shaded, point-wise failures marked) above their difference
-    (the point-wise tolerance band and the fitted drift). matplotlib is imported only here, Agg only."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    steps, c, g = result.steps, result.candidate_losses, result.reference_losses
-    figure = Figure(figsize=(9, 6.5), layout="constrained")
-    FigureCanvasAgg(figure)
-    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
-    top.plot(steps, g, label=f"reference ({Path(result.reference.source).name})", color="tab:blue", lw=1.5)
-    top.plot(steps, c, label=f"candidate ({Path(result.candidate.source).name})", color="tab:orange", lw=1.2)
-    if result.skipped and len(steps):
-        end = (steps[result.skipped - 1] + steps[result.skipped]) / 2 if result.skipped < len(steps) else steps[-1]
-        for axis in (top, bottom):
-            axis.axvspan(steps[0], end, color="0.9", zorder=0)
-        top.text(steps[0], 1.0, f" skipped ({result.skipped})", transform=top.get_xaxis_transform(),
-                 va="top", fontsize=8, color="0.4")
-    finite = np.isfinite(c) & np.isfinite(g)
-    failed = np.isin(steps, result.pointwise_failure_steps) & finite
-    if failed.any():
-        top.plot(steps[failed], c[failed], "x", color="tab:red", label="point-wise failure")
-    for index, step in enumerate(steps[~finite]):
-        top.axvline(step, color="tab:red", lw=0.8, ls=":", label=None if index else "non-finite loss")
-    top.set_ylabel("loss")
-    fields = _block_text(result, leave_out=("result",))
-    top.set_title(f"{result.result.upper()} · {result.thresholds.name} thresholds · {fields}", fontsize=9)
-    top.xaxis.set_major_locator(MaxNLocator(integer=True))
-    top.legend(fontsize=8)
-
-    band = result.thresholds.pointwise_tolerance(g) * np.abs(g)
-    bottom.fill_between(steps, -band, band, color="tab:green", alpha=0.15, label="point-wise tolerance")
-    bottom.axhline(0.0, color="0.5", lw=0.8)
-    bottom.plot(steps, c - g, color="tab:purple", lw=1.2, label="candidate - reference")
-    drift = result.drift
-    if drift is not None:
-        x = np.array([drift.first_step, drift.last_step], dtype=np.float64)
-        bottom.plot(x, drift.intercept + drift.slope * x, color="black", ls="--", lw=1.0,
-                    label=f"fitted drift {drift.relative:+.2%} ({result.check('drift').status})")
-    bottom.set_xlabel("step")
-    bottom.set_ylabel("difference")
-    bottom.legend(fontsize=8)
-    try:
-        figure.savefig(path, format="png", dpi=110)
-    except OSError as error:
-        raise CorrectnessError(f"{path}: cannot write the plot ({error.strerror or error})") from None

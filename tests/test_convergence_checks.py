@@ -1,14 +1,12 @@
-"""Loss-curve convergence (correctness.convergence) and its command, `correctness converge`.
+"""The convergence checks (correctness.convergence.checks) on hand-built curves.
 
-The curves are built by hand so that each of Megatron-Bridge's checks is, in turn, the only one that
-fails; then the cases that function lets through (NaN, a constant curve), step coverage, the drift
-check, reading the three formats, and the command's exit codes.
+The curves are built so that each of Megatron-Bridge's checks is, in turn, the only one that fails;
+then the cases that function lets through (NaN, a constant curve), step coverage, the drift check,
+and the recipe's block.
 """
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -20,34 +18,19 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from correctness import cli
-from correctness.convergence import (
+from correctness.convergence.checks import (
     FUNCTION,
     NOT_APPLIED,
     PIPELINE,
-    Curve,
     check_convergence,
     convergence_block,
     format_report,
-    read_curve,
     round_correlation,
     round_difference,
 )
 from correctness.errors import CorrectnessError
 from correctness.fixtures import recipe_path
-
-DATA = Path(__file__).parent / "data" / "convergence"
-BLOCK_FIELDS = ["steps", "result", "correlation", "final_loss_difference", "pointwise_failures"]
-
-
-def curve(losses, steps=None, source="candidate") -> Curve:
-    losses = np.asarray(losses, dtype=np.float64)
-    steps = np.arange(1, len(losses) + 1) if steps is None else np.asarray(steps)
-    return Curve(source, "json", steps.astype(np.int64), losses)
-
-
-def decaying(n: int, start: float = 3.5, end: float = 2.5) -> np.ndarray:
-    """A smooth decreasing loss, every point above 2.0 (the 10% point-wise tier)."""
-    return end + (start - end) * np.exp(-np.arange(n) / (n / 4))
+from toy_curves import BLOCK_FIELDS, curve, decaying, upward_drift
 
 
 def failing(result) -> set[str]:
@@ -246,13 +229,6 @@ def test_skipped_points_are_not_compared():
 # Drift
 
 
-def upward_drift(n: int, end: float) -> tuple[np.ndarray, np.ndarray]:
-    """A reference and a candidate that rises linearly to `end` (relative) above it, with step noise."""
-    reference = decaying(n)
-    noise = np.random.default_rng(0).normal(0.0, 0.005, n)
-    return reference * (1 + end * np.arange(n) / (n - 1)) + noise, reference
-
-
 def test_a_slow_upward_drift_inside_every_tolerance_is_caught_by_the_drift_check():
     candidate, reference = upward_drift(100, end=0.04)  # 4%: inside the 10% tier and the 5% final
     result = compare(candidate, reference)
@@ -313,161 +289,3 @@ def test_correlation_keeps_two_digits_of_its_distance_from_one(value, rounded):
 @pytest.mark.parametrize(("value", "rounded"), [(0.0091, 0.0091), (0.000123987, 0.000124), (0.0, 0.0)])
 def test_final_loss_difference_keeps_three_significant_digits(value, rounded):
     assert round_difference(value) == rounded
-
-
-# Reading curves
-
-
-def test_a_megatron_log_keeps_the_last_loss_of_a_repeated_iteration():
-    candidate, reference = read_curve(DATA / "candidate.log"), read_curve(DATA / "reference.log")
-    assert candidate.format == "log" and list(candidate.steps) == list(range(1, 21))
-    assert candidate.losses[10] == 1.436002  # iteration 11 after the restart, not 1.936002 before it
-    assert len(reference) == 20  # the validation line ("lm loss value:") is not a step
-    assert check_convergence(candidate, reference).passed
-
-
-def test_a_log_nan_loss_is_read_as_nan(tmp_path):
-    path = tmp_path / "run.log"
-    path.write_text(" iteration        1/      2 | lm loss: 2.5E+00 |\n iteration        2/      2 | lm loss: NAN |\n")
-    assert math.isnan(read_curve(path).losses[1])
-
-
-def test_csv_columns_by_name_in_any_order(tmp_path):
-    path = tmp_path / "losses.csv"
-    path.write_text("lr, Loss, Step\n1e-5, 2.4, 2\n1e-5, 2.5, 1\n\n")
-    loaded = read_curve(path)
-    assert list(loaded.steps) == [1, 2] and list(loaded.losses) == [2.5, 2.4]
-
-
-@pytest.mark.parametrize("text", ["[2.5, 2.4, 2.3]", '{"1": 2.5, "2": 2.4, "3": 2.3}',
-                                  '[{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4}, {"step": 3, "loss": 2.3}]'],
-                         ids=["list", "mapping", "records"])
-def test_the_three_json_forms(tmp_path, text):
-    path = tmp_path / "losses.json"
-    path.write_text(text)
-    loaded = read_curve(path)
-    assert list(loaded.steps) == [1, 2, 3] and list(loaded.losses) == [2.5, 2.4, 2.3]
-
-
-@pytest.mark.parametrize(("text", "fmt"), [(" iteration 1/ 2 | lm loss: 2.5 |\n", "log"), ("step,loss\n1,2.5\n", "csv"),
-                                          ("[2.5]", "json")])
-def test_the_format_from_the_content_where_the_extension_says_nothing(tmp_path, text, fmt):
-    path = tmp_path / "losses.dat"
-    path.write_text(text)
-    assert read_curve(path).format == fmt
-
-
-@pytest.mark.parametrize(("name", "text", "message"), [
-    ("run.log", "training started\n iteration 1/ 2 | loss scale: 1.0 |\n", "no training-log losses found"),
-    ("run.log", " iteration 1/ 2 | lm loss: abc |\n", "line 1: lm loss 'abc' is not a number"),
-    ("losses.csv", "", "empty CSV"),
-    ("losses.csv", "step,loss\n", "header but no rows"),
-    ("losses.csv", "1,2.5\n2,2.4\n", "header must name columns step and loss"),
-    ("losses.csv", "step,loss\n1,2.5\n2,n/a\n", "line 3: loss 'n/a' is not a number"),
-    ("losses.csv", "step,loss\n1.5,2.5\n", "step '1.5' is not an integer"),
-    ("losses.json", '[2.5, "2.4"]', "item 1: loss '2.4' is not a number"),
-    ("losses.json", '{"1": null}', "step 1: loss None is not a number"),
-    ("losses.json", "[]", "no losses"),
-    ("losses.json", "[2.5,", "not valid JSON"),
-    ("losses.dat", "hello\n", "cannot tell the format"),
-    # steps past int64, in every format
-    ("losses.json", '{"1": 2.0, "9223372036854775808": 2.1}', "key '9223372036854775808': step '9223372036854775808' "
-                                                               "is outside 0 to 9223372036854775807 (int64)"),
-    ("losses.json", '[{"step": 1, "loss": 2.0}, {"step": 1e20, "loss": 2.1}]', "item 1: step 1e+20 is outside"),
-    ("losses.json", '[{"step": -1, "loss": 2.0}]', "item 0: step -1 is outside"),
-    ("losses.csv", "step,loss\n1,2.0\n99999999999999999999,2.1\n", "line 3: step '99999999999999999999' is outside"),
-    ("run.log", " iteration 99999999999999999999/ 100 | lm loss: 2.0 |\n", "line 1: step '99999999999999999999' is"
-                                                                            " outside"),
-    ("run.log", f" iteration {'9' * 5000}/ 100 | lm loss: 2.0 |\n", f"line 1: step '{'9' * 36}... is outside"),
-    ("losses.json", "[{\"step\": " + "9" * 5000 + ", \"loss\": 2.0}]", "not valid JSON"),
-], ids=["log-without-losses", "log-non-numeric", "csv-empty", "csv-header-only", "csv-no-header", "csv-non-numeric",
-        "csv-fractional-step", "json-string", "json-null", "json-empty", "json-invalid", "unknown",
-        "int64-json-key", "int64-json-float", "negative-json-step", "int64-csv", "int64-log", "log-5000-digits",
-        "json-5000-digits"])
-def test_bad_input_is_one_line_naming_the_file(tmp_path, name, text, message):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(CorrectnessError) as error:
-        read_curve(path)
-    assert str(error.value).startswith(str(path)) and message in str(error.value)
-    assert "\n" not in str(error.value)
-
-
-def test_a_missing_file_is_named(tmp_path):
-    with pytest.raises(CorrectnessError, match=r"nothing.log: cannot be read \(No such file or directory\)"):
-        read_curve(tmp_path / "nothing.log")
-
-
-# The command
-
-
-@pytest.fixture
-def converge(monkeypatch, capsys):
-    """Run `correctness converge ARGS` through the real command line; (exit code, stdout, stderr)."""
-    monkeypatch.setattr(cli, "COMMANDS", {"converge": cli.COMMANDS["converge"]})
-
-    def run(*args):
-        code = cli.main(["converge", *map(str, args)])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-def write_curves(tmp_path, candidate, reference):
-    paths = tmp_path / "candidate.json", tmp_path / "reference.json"
-    for path, losses in zip(paths, (candidate, reference)):
-        path.write_text(json.dumps([float(x) for x in losses]))
-    return paths
-
-
-def test_command_passes_with_a_table_and_the_block(converge):
-    code, out, _ = converge(DATA / "candidate.log", DATA / "reference.log")
-    assert code == cli.EXIT_OK
-    assert "PASS" in out.splitlines()[0] and "16 compared (first 4 skipped)" in out
-    assert "recipe block: steps 20, result pass, correlation" in out
-
-
-def test_command_fails_with_exit_one(converge, tmp_path):
-    reference = decaying(20)
-    candidate = reference.copy()
-    candidate[-1] *= 1.06
-    code, out, _ = converge(*write_curves(tmp_path, candidate, reference))
-    assert code == cli.EXIT_FAIL and "FAIL" in out.splitlines()[0]
-
-
-def test_command_bad_input_exits_two_with_one_line(converge, tmp_path):
-    candidate, reference = write_curves(tmp_path, decaying(20), decaying(19))
-    code, out, err = converge(candidate, reference)
-    assert code == cli.EXIT_BAD_INPUT and out == ""
-    assert err.count("\n") == 1 and "has 20 steps" in err and "has 19" in err and str(candidate) in err
-
-
-def test_command_json_has_the_block_fields_and_every_check(converge):
-    code, out, _ = converge(DATA / "candidate.log", DATA / "reference.log", "--json", "--thresholds", "function")
-    data = json.loads(out)
-    assert code == 0 and data["result"] == "pass" and data["skipped_steps"] == 0
-    assert all(field in data for field in BLOCK_FIELDS)
-    assert [c["name"] for c in data["checks"]] == ["finite losses", "step coverage", "correlation",
-                                                    "point-wise tolerance", "final loss", "residual outliers", "drift"]
-    assert data["checks"][-1]["status"] == NOT_APPLIED and data["thresholds"]["final_loss_tolerance"] == 0.03
-
-
-def test_command_writes_a_png(converge, tmp_path):
-    candidate, reference = upward_drift(100, end=0.04)
-    plot = tmp_path / "curves.png"
-    code, out, _ = converge(*write_curves(tmp_path, candidate, reference), "--plot", plot)
-    assert code == cli.EXIT_FAIL and f"plot: {plot}" in out
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_command_plot_to_a_missing_folder_is_bad_input(converge, tmp_path):
-    code, _, err = converge(DATA / "candidate.log", DATA / "reference.log", "--plot", tmp_path / "no" / "x.png")
-    assert code == cli.EXIT_BAD_INPUT and "cannot write the plot" in err
-
-
-def test_matplotlib_is_imported_only_to_plot():
-    probe = ("import sys; from correctness.commands import converge; from correctness import convergence; "
-             "print('matplotlib' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
