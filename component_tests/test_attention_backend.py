@@ -9,14 +9,11 @@ from correctness.attention import lever as attention
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
 
-@pytest.mark.h100
-@pytest.mark.te
 @pytest.mark.levers(factory=partial(attention.recipe_gpu_tier, RECIPE))
 def test_te_auto_against_te_unfused(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.gpu
 @pytest.mark.levers(factory=partial(attention.gpu_sdpa_tier, RECIPE))
 def test_sdpa_fused_against_eager_unfused(lever, case, lever_check):
     lever_check(lever, case)

@@ -14,29 +14,21 @@ def both_recipes(tier):
     return lambda options: [lever for recipe in (GEMMA, NEMOTRON) for lever in tier(recipe, options)]
 
 
-@pytest.mark.h100
-@pytest.mark.te
 @pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, GEMMA))
 def test_gemma_offload_with_te_fused_adam(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.h200
-@pytest.mark.te
 @pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, NEMOTRON))
 def test_nemotron_offload_with_te_fused_adam(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.gpu
-@pytest.mark.te
-@pytest.mark.megatron
 @pytest.mark.levers(factory=both_recipes(offload.megatron_tier))
 def test_offload_with_megatron_hybrid_optimizer(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.megatron
 @pytest.mark.levers(factory=both_recipes(offload.megatron_cpu_tier))
 def test_offload_with_megatron_hybrid_optimizer_on_cpu(lever, case, lever_check):
     """Megatron's own HybridDeviceOptimizer makes the split and steps both shares, on the CPU."""

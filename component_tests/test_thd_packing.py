@@ -11,20 +11,16 @@ from correctness.loss import packing as loss
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
 
-@pytest.mark.h200
-@pytest.mark.te
 @pytest.mark.levers(factory=partial(packing.recipe_gpu_tier, NEMOTRON))
 def test_thd_packing_with_te(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.gpu
 @pytest.mark.levers(factory=partial(packing.gpu_sdpa_tier, NEMOTRON))
 def test_thd_packing_with_sdpa_fused_backends(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.gpu
 @pytest.mark.levers(factory=partial(loss.gpu_tier, NEMOTRON))
 def test_packed_loss_gpu(lever, case, lever_check):
     lever_check(lever, case)

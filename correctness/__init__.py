@@ -2,8 +2,9 @@
 
 The public API for declaring and running a lever:
 
-    Lever, Case, Control, Invariant, Mutated, PathOutput, LeverOptions, RecipeRef, Slicing  (declarations)
+    Lever, Tier, Case, Control, Invariant, Mutated, PathOutput, LeverOptions, RecipeRef, Slicing  (declarations)
     Rule, DEFAULT_RULE                                                  (the pass rule)
+    correctness.tiers: CPU, GPU, MEGATRON_CPU, MEGATRON_GPU, recipe_gpu_tier  (the suite's tiers)
     run_case, run_candidates, run_lever, write_record, read_record      (running, records)
 
 pytest users load `correctness.pytest_plugin` from their conftest.py.
@@ -12,7 +13,7 @@ pytest users load `correctness.pytest_plugin` from their conftest.py.
 from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.compare import Slicing
 from correctness.harness import run_candidates, run_case, run_lever
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, RecipeRef
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, RecipeRef, Tier
 from correctness.results import read_record, write_record
 from correctness.rule import DEFAULT_RULE, Rule
 
@@ -30,6 +31,7 @@ __all__ = [
     "RecipeRef",
     "Rule",
     "Slicing",
+    "Tier",
     "read_record",
     "run_candidates",
     "run_case",

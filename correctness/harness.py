@@ -219,7 +219,7 @@ def _cpu_settings(lever: Lever) -> Iterator[None]:
     slow an x86 core's arithmetic up to about 100x on some CPUs; values below 1.2e-38 (FP32) and
     2.2e-308 (FP64) change no figure (the records are identical with and without), and GPU kernels
     commonly flush them too. torch has no getter for the flag, so it is left off (its default)."""
-    if lever.device != "cpu":
+    if lever.tier.device != "cpu":
         yield
         return
     saved = torch.get_num_threads()
@@ -302,7 +302,7 @@ def _run_candidates(
     started = time.perf_counter()
     if case.skip_reason:
         return tuple(_not_judged(case, started, skip_reason=case.skip_reason) for _ in candidates)
-    device = torch.device(lever.device)
+    device = torch.device(lever.tier.device)
 
     def judged(path: Implementation, role: str) -> _Judged:
         return _Judged(
@@ -453,10 +453,10 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
     return {
         "name": lever.name,
         "version": lever.version,
-        "tier": lever.tier,
+        "tier": lever.tier.name,
         "record_id": lever.record_id,
         "description": lever.description,
-        "device": lever.device,
+        "device": lever.tier.device,
         "candidate": lever.candidate.name,
         "default": lever.default.name,
         "reference": lever.reference.name,
@@ -491,7 +491,7 @@ def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, second
         verdict=verdict,
         completeness=completeness,
         cases=cases,
-        provenance=provenance(torch.device(lever.device)),
+        provenance=provenance(torch.device(lever.tier.device)),
         started=started,
         finished=_now(),
         seconds=seconds,

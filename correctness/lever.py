@@ -153,13 +153,29 @@ class RecipeRef:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tier:
+    """Where a lever runs and what it needs. `name` is recorded with the lever and names its record
+    ("cpu", "gpu", "megatron-cpu", "megatron", or a recipe GPU such as "h100"); `device` is the
+    torch device its cases run on ("cpu" or "cuda"); `markers` are the pytest markers the plugin
+    puts on the lever's tests: they select it (`pytest -m h100`) and skip it where the machine lacks
+    what they name (correctness.pytest_plugin). The suite's tiers are declared in correctness.tiers."""
+
+    name: str
+    device: str
+    markers: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.markers, tuple) or not all(isinstance(marker, str) for marker in self.markers):
+            raise TypeError(f"tier {self.name}: markers must be a tuple of marker names, not {self.markers!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Lever:
     name: str  # "attention-backend": one per lever, stable; records are keyed by it
     version: int  # bump when the method changes so that older records are not mixed in
-    tier: str  # "cpu", "gpu" or a recipe GPU type such as "h100"
+    tier: Tier  # where it runs and the markers that select it (correctness.tiers: CPU, GPU, recipe_gpu_tier("H100"))
     description: str  # one sentence naming what is compared, as a recipe's component test names it
     recipe: RecipeRef
-    device: str  # the torch device the tier runs on: "cpu" or "cuda"
     cases: tuple[Case, ...]
     candidate: Implementation
     default: Implementation
@@ -185,6 +201,8 @@ class Lever:
     invariants: tuple[Invariant, ...] = ()
 
     def __post_init__(self):
+        if not isinstance(self.tier, Tier):
+            raise TypeError(f"lever {self.name}: tier must be a Tier (correctness.tiers: CPU, GPU, ...), not {self.tier!r}")
         if self.rule != DEFAULT_RULE and not self.rule_reason:
             raise ValueError(f"lever {self.name}: overrides the rule ({self.rule.describe()}) without a rule_reason")
         if not self.controls:
@@ -198,4 +216,4 @@ class Lever:
     @property
     def record_id(self) -> str:
         """Names this lever run's record: lever, tier and the candidate path."""
-        return f"{self.name}--{self.tier}--{self.candidate.name}"
+        return f"{self.name}--{self.tier.name}--{self.candidate.name}"

@@ -9,10 +9,11 @@ then declares, per test, which levers it runs:
 
 `levers(factory=...)` (a keyword: pytest would take a lone positional function for the decorated
 test) calls factory(LeverOptions) at collection and parametrises (lever, case) over
-every case of every lever returned. Each lever's cases are gathered into one JSON record per run,
-written under --results-dir, and a verdict table per lever is printed at the end.
+every case of every lever returned, each marked with its lever's tier markers (correctness.tiers),
+so that `pytest -m h100` selects the H100 tier's cases. Each lever's cases are gathered into one JSON
+record per run, written under --results-dir, and a verdict table per lever is printed at the end.
 
-Hardware markers skip (never fail) where the machine lacks what they name:
+Hardware markers, a tier's or a test's own, skip (never fail) where the machine lacks what they name:
 gpu (any CUDA device), h100 / h200 (that GPU), te (a usable Transformer Engine), megatron (a
 usable megatron-core).
 """
@@ -28,21 +29,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from correctness.hardware import GPU_MARKERS
 from correctness.harness import build_record, run_case
 from correctness.lever import Case, Lever, LeverOptions
 from correctness.provenance import gpu_type
 from correctness.report import case_report, verdict_table
 from correctness.recipes import load_recipe
 from correctness.results import CaseResult, LeverRecord, merge_records, read_record, record_to_json, write_record
+from correctness.tiers import GPU_MARKERS, cuda_only_markers
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
 MARKERS = {
     "levers(factory=...)": "parametrise (lever, case) over the levers factory(LeverOptions) returns",
     "gpu": "needs a CUDA GPU; skips without one",
-    "h100": "needs an NVIDIA H100 (the recipe's GPU); skips elsewhere",
-    "h200": "needs an NVIDIA H200 (the recipe's GPU); skips elsewhere",
+    **{marker: f"needs an NVIDIA {gpu} (the recipe's GPU); skips elsewhere" for marker, gpu in GPU_MARKERS.items()},
     "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
     "megatron": "needs a usable megatron-core; skips with the reason where it is missing",
     "correctness_other_recipe": "internal: a lever test of another recipe than --recipe's (deselected)",
@@ -128,9 +128,13 @@ def pytest_generate_tests(metafunc):
         if not levers:  # another recipe's test: deselected in pytest_collection_modifyitems
             metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=_OTHER_RECIPE)], ids=["other-recipe"])
             return
-    pairs = [(lever, case) for lever in levers for case in lever.cases]
-    ids = [f"{lever.candidate.name}-{case.id}" if len(levers) > 1 else case.id for lever, case in pairs]
-    metafunc.parametrize(("lever", "case"), pairs, ids=ids)
+    metafunc.parametrize(("lever", "case"), [
+        pytest.param(
+            lever, case, id=f"{lever.candidate.name}-{case.id}" if len(levers) > 1 else case.id,
+            marks=[getattr(pytest.mark, marker) for marker in lever.tier.markers],
+        )
+        for lever in levers for case in lever.cases
+    ])
 
 
 _OTHER_RECIPE = pytest.mark.correctness_other_recipe
@@ -145,7 +149,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _missing_hardware(item) -> str | None:
     names = {marker.name for marker in item.iter_markers()}
-    needs_gpu = names & ({"gpu", "te"} | set(GPU_MARKERS))
+    needs_gpu = names & set(cuda_only_markers())
     if needs_gpu and not torch.cuda.is_available():
         for_te = " for Transformer Engine" if "te" in needs_gpu else ""
         return f"needs a CUDA GPU ({', '.join(sorted(needs_gpu))}){for_te}; this machine has none"

@@ -34,13 +34,14 @@ from correctness.attention.inputs import AttentionInputs, checkpoint_file, check
 from correctness.attention.reference import Fp64Reference  # noqa: E402
 from correctness.attention.sdpa import Sdpa  # noqa: E402
 from correctness.cli import main  # noqa: E402
-from correctness.compare import relative_l2_error  # noqa: E402
+from numerics import relative_l2_error  # noqa: E402
 from correctness.errors import CaseInputError, ShapeError  # noqa: E402
 from correctness.fixtures import recipe_path  # noqa: E402
 from correctness.harness import run_case  # noqa: E402
 from correctness.lever import Lever, LeverOptions  # noqa: E402
 from correctness.models import load_model  # noqa: E402
 from correctness.recipes import load_recipe  # noqa: E402
+from correctness import tiers  # noqa: E402
 from correctness.attention.shapes import RECIPE_SCALE, Scale, attention_shape  # noqa: E402
 from references.attention import attention as fp64_attention  # noqa: E402
 
@@ -278,8 +279,8 @@ def capture_lever(recipe: Path, scale: Scale, folder: Path) -> Lever:
     cases = attention.attention_cases(recipe, facts, scale, LeverOptions(checkpoint_dir=folder), expected={})
     candidate = Sdpa("flash")
     return Lever(
-        name=attention.NAME, version=attention.VERSION, tier="cpu", description="captured tiny model",
-        recipe=recipe.ref, device="cpu", cases=tuple(c for c in cases if c.source == "checkpoint"),
+        name=attention.NAME, version=attention.VERSION, tier=tiers.CPU, description="captured tiny model",
+        recipe=recipe.ref, cases=tuple(c for c in cases if c.source == "checkpoint"),
         candidate=candidate, default=EagerUnfused(), reference=Fp64Reference(), controls=attention.controls(candidate),
     )
 

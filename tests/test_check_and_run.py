@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -90,6 +91,15 @@ def test_the_cpu_tier_includes_megatrons_optimizer_on_the_cpu_and_no_gpu_tier(tm
     assert "test_offload_fraction_cpu[" in collected
     assert "test_offload_with_megatron_hybrid_optimizer[" not in collected
     assert "test_te_auto_against_te_unfused" not in collected and "test_sdpa_fused_against_eager_unfused" not in collected
+
+
+def test_runs_marker_expressions_come_from_the_tiers():
+    from correctness.commands.run import CPU_TIER, markers
+
+    assert CPU_TIER == "not gpu and not te and not h100 and not h200"
+    on = {gpu: SimpleNamespace(gpu=gpu) for gpu in ("H100", "H200", "A100")}
+    assert markers(on["H100"], "cpu") == CPU_TIER
+    assert [markers(recipe, "gpu") for recipe in on.values()] == ["gpu or h100", "gpu or h200", "gpu"]
 
 
 def test_run_hands_strict_systematic_to_pytest(tmp_path):

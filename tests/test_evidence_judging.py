@@ -16,6 +16,7 @@ from correctness.harness import run_candidates, run_case
 from correctness.lever import Invariant, Mutated, PathOutput
 from correctness.optimizer.lever import bf16_weights_are_rounded_masters
 from correctness.rule import Rule
+from correctness.tiers import CPU
 from correctness.attention.shapes import AttentionShape
 from test_harness import CANDIDATE, DEFAULT, toy_case, toy_lever
 
@@ -314,7 +315,7 @@ def scaled_lever(**changes):
 
     candidate = Scaled("fp32 x (1 + 1e-4)", torch.float32, 1 + 1e-4)
     declaration = dict(
-        name="scaled-sums", version=1, tier="cpu", description="sums", recipe=toy_lever().recipe, device="cpu",
+        name="scaled-sums", version=1, tier=CPU, description="sums", recipe=toy_lever().recipe,
         cases=(Case(id="sums", shape="4096 x 64", seed=0, source="synthetic", variant="uniform",
                     make_inputs=make_inputs),),
         candidate=candidate, default=Scaled("fp32", torch.float32), reference=Scaled("fp64", torch.float64),

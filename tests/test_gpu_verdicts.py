@@ -11,7 +11,7 @@ backends, what ran); its numerics are never what a verdict here is about.
 import os
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -30,6 +30,7 @@ from correctness.harness import run_case, run_lever
 from correctness.lever import Lever, LeverOptions, RecipeRef
 from correctness.provenance import gpu_type
 from correctness.pytest_plugin import _missing_hardware
+from correctness.tiers import recipe_gpu_tier
 from correctness.attention.shapes import AttentionShape
 
 RECIPE = RecipeRef(id="toy/h100/stand-in", model="Toy", gpu="H100", sha256="0" * 64)
@@ -116,8 +117,9 @@ def te_lever(expected: dict[str, str]) -> Lever:
     )
     candidate = TransformerEngine("auto")
     return Lever(
-        name=attention.NAME, version=attention.VERSION, tier="h100", description="TE auto against TE unfused",
-        recipe=RECIPE, device="cpu", cases=cases, candidate=candidate, default=TransformerEngine("unfused"),
+        name=attention.NAME, version=attention.VERSION, description="TE auto against TE unfused",
+        tier=replace(recipe_gpu_tier("H100"), device="cpu"),  # the H100 tier, its stand-in TE on the CPU
+        recipe=RECIPE, cases=cases, candidate=candidate, default=TransformerEngine("unfused"),
         reference=Fp64Reference(), controls=attention.controls(candidate), compares_kernels=True,
     )
 

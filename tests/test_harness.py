@@ -28,6 +28,7 @@ from correctness import (
     write_record,
 )
 from correctness.harness import build_record
+from correctness.tiers import CPU
 from correctness.results import FORMAT, FORMAT_VERSION, assess
 from correctness.rule import DEFAULT_FACTOR
 
@@ -155,10 +156,9 @@ def toy_lever(**changes: Any) -> Lever:
     declaration = dict(
         name="running-sum",
         version=1,
-        tier="cpu",
+        tier=CPU,
         description="FP32 accumulation against BF16 accumulation and an FP64 reference",
         recipe=RECIPE,
-        device="cpu",
         cases=tuple(toy_case(seed) for seed in SEEDS),
         candidate=CANDIDATE,
         default=DEFAULT,

@@ -8,6 +8,7 @@ from correctness import Case, Control, Lever, PathOutput, RecipeRef, run_case
 from correctness.compare import compare_tensor
 from correctness.lever import Streamed
 from correctness.rule import DEFAULT_RULE
+from correctness.tiers import CPU
 
 RECIPE = RecipeRef(id="toy/recipe", model="Toy", gpu="none", sha256="0" * 64)
 ROWS, COLS, BLOCK = 10, 7, 4
@@ -46,7 +47,7 @@ def streamed(seed: int) -> Streamed:
 
 def lever(**changes) -> Lever:
     fields = dict(
-        name="square", version=1, tier="cpu", description="toy", recipe=RECIPE, device="cpu",
+        name="square", version=1, tier=CPU, description="toy", recipe=RECIPE,
         cases=(Case(id="toy-seed0", shape=None, seed=0, source="synthetic", variant="normal",
                     make_inputs=lambda device: streamed(0)),),
         candidate=Square("fp32", torch.float32), default=Square("bf16", torch.bfloat16),

@@ -266,7 +266,7 @@ def test_megatrons_split_of_nemotron_at_recipe_scale():
 @pytest.mark.megatron
 def test_megatron_cpu_tier_passes_with_every_control_failing():
     (lever,) = offload.megatron_cpu_tier(NEMOTRON_RECIPE, LeverOptions())
-    assert (lever.tier, lever.device) == ("megatron-cpu", "cpu")
+    assert (lever.tier.name, lever.tier.device) == ("megatron-cpu", "cpu")
     case = next(c for c in lever.cases if c.source == "synthetic")
     result = run_case(lever, case)
     assert result.status == "pass", result.failures

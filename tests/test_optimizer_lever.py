@@ -226,7 +226,7 @@ def test_every_tier_is_the_same_lever_with_its_own_candidate():
     }
     devices = {"cpu": "cpu", "h100": "cuda", "megatron": "cuda", "megatron-cpu": "cpu"}
     for tier, (lever,) in tiers.items():
-        assert (lever.tier, lever.device) == (tier, devices[tier])
+        assert (lever.tier.name, lever.tier.device) == (tier, devices[tier])
         assert [control.name for control in lever.controls] == ["no bias correction", "BF16 masters", "no clipping"]
         assert lever.default.name == "torch-adamw-fused" and lever.reference.name == "fp64-adamw"
     for tier, device in (("megatron", "cuda"), ("megatron-cpu", "cpu")):

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from correctness import Case, Control, Lever, Mutated, PathOutput, RecipeRef
+from correctness.tiers import CPU, GPU, recipe_gpu_tier
 
 RECIPE = RecipeRef(id="toy/cpu/sum", model="Toy", gpu="none", sha256="0" * 64)
 
@@ -45,9 +46,9 @@ def toy_case(seed, skip_reason=None):
                 variant="uniform", make_inputs=make_inputs, skip_reason=skip_reason)
 
 
-def toy_lever(candidate, cases=(toy_case(0), toy_case(1))):
+def toy_lever(candidate, cases=(toy_case(0), toy_case(1)), tier=CPU):
     return Lever(
-        name="toy-sum", version=1, tier="cpu", description="toy sums", recipe=RECIPE, device="cpu",
+        name="toy-sum", version=1, tier=tier, description="toy sums", recipe=RECIPE,
         cases=tuple(cases), candidate=candidate, default=Sum("fp32", torch.float32),
         reference=Sum("fp64 reference", torch.float64, output=torch.float64),
         controls=(Control(name="inputs doubled",
@@ -74,6 +75,10 @@ def good_and_bad_levers(options):
 
 def one_bad_lever(options):
     return [toy_lever(BAD)]
+
+
+def levers_of_three_tiers(options):
+    return [toy_lever(GOOD), toy_lever(BAD, tier=GPU), toy_lever(SCALED, tier=recipe_gpu_tier("H100"))]
 
 
 def lever_with_a_skipped_case(options):
@@ -224,6 +229,28 @@ def test_a_run_of_some_cases_only_is_incomplete(pytester):
     ])
     record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
     assert record["verdict"] == "incomplete" and record["completeness"]["missing"] == ["sum-n64-seed1"]
+
+
+def test_each_case_carries_its_levers_tier_markers(pytester, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    toy_project(pytester, lever_test("levers_of_three_tiers"))
+    selected = {
+        "h100": ["fp64 x (1 + 1e-4)"],
+        "te": ["fp64 x (1 + 1e-4)"],
+        "gpu": ["drops last"],
+        "not gpu and not te and not h100 and not h200": ["fp64"],
+    }
+    for expression, candidates in selected.items():
+        result = run(pytester, "--collect-only", "-q", "-m", expression)
+        result.stdout.fnmatch_lines([f"test_toy.py::test_sum[[]{candidate}-sum-n64-seed{seed}[]]"
+                                     for candidate in candidates for seed in (0, 1)])
+        assert f"{2 * len(candidates)}/6 tests collected" in result.stdout.str(), expression
+    result = run(pytester, "-rs", "--results-dir", str(pytester.path / "records"))
+    result.assert_outcomes(passed=2, skipped=4)
+    result.stdout.fnmatch_lines_random([
+        "SKIPPED [[]2[]] *: needs a CUDA GPU (gpu); this machine has none",
+        "SKIPPED [[]2[]] *: needs a CUDA GPU (h100, te) for Transformer Engine; this machine has none",
+    ])
 
 
 HARDWARE_TESTS = """

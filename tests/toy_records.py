@@ -12,6 +12,7 @@ from correctness.fixtures import recipe_path
 from correctness.harness import build_record
 from correctness.recipes import Recipe, load_recipe
 from correctness.results import write_record
+from correctness.tiers import CPU
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
@@ -40,8 +41,8 @@ def toy_record(folder: Path, cases=None, *, run=None, name: str = "sums", recipe
     (default: one seeded case), of the cases `run` (default: all), for `recipe` (default: Gemma's)."""
     candidate = Sum("fp32 sums", torch.float32)
     lever = Lever(
-        name=f"toy-{name}", version=1, tier="cpu", description=f"toy sums {name}",
-        recipe=(recipe or load_recipe(recipe_path(GEMMA))).ref, device="cpu",
+        name=f"toy-{name}", version=1, tier=CPU, description=f"toy sums {name}",
+        recipe=(recipe or load_recipe(recipe_path(GEMMA))).ref,
         cases=tuple(cases or (toy_case(0),)), candidate=candidate, default=Sum("bf16 sums", torch.bfloat16),
         reference=Sum("fp64 sums", torch.float64),
         controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),

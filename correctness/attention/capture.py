@@ -107,8 +107,8 @@ class CaptureResult:
             "token_column": self.row.column,
             "attention_calls": self.attention_calls,
             "stopped_early": self.stopped_early,
-            "seconds": round(self.seconds, 3),
-            "load_seconds": round(self.load_seconds, 3),
+            "seconds": self.seconds,
+            "load_seconds": self.load_seconds,
             "peak_gpu_bytes": self.peak_gpu_bytes,
             "layers": [
                 {"layer": c.layer, "kind": c.kind, "file": str(c.path), "out_rms": c.out_rms,

@@ -31,7 +31,8 @@ from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, syn
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation
+from correctness import tiers
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, Tier
 from correctness.models import ModelFacts, load_model
 from correctness.recipes import Recipe, lever_recipe
 from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
@@ -169,7 +170,7 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
 
 
 def attention_backend_lever(
-    *, recipe: Recipe, tier: str, scale: Scale, device: str, candidate: Implementation, default: Implementation, options: LeverOptions,
+    *, recipe: Recipe, tier: Tier, scale: Scale, candidate: Implementation, default: Implementation, options: LeverOptions,
     description: str, claims: bool = False,
 ) -> Lever:
     """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
@@ -181,7 +182,6 @@ def attention_backend_lever(
         tier=tier,
         description=description,
         recipe=recipe.ref,
-        device=device,
         cases=attention_cases(recipe, model, scale, options, expected),
         candidate=candidate,
         default=default,
@@ -200,7 +200,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation | 
     what = "torch SDPA's flash CPU kernel" if candidate is None else candidate.name
     return [
         attention_backend_lever(
-            recipe=recipe, tier="cpu", scale=SMOKE_SCALE, device="cpu",
+            recipe=recipe, tier=tiers.CPU, scale=SMOKE_SCALE,
             candidate=candidate or Sdpa("flash"), default=EagerUnfused(), options=options,
             description=f"{what} against an eager unfused attention and an FP64 reference",
         )
@@ -212,7 +212,7 @@ def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         attention_backend_lever(
-            recipe=recipe, tier="gpu", scale=RECIPE_SCALE, device="cuda",
+            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE,
             candidate=Sdpa(backend), default=EagerUnfused(), options=options,
             description=f"torch SDPA's {backend} backend against an eager unfused attention and an FP64 reference",
         )
@@ -225,7 +225,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         attention_backend_lever(
-            recipe=recipe, tier=recipe.gpu.lower(), scale=RECIPE_SCALE, device="cuda",
+            recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE,
             candidate=TransformerEngine("auto"), default=TransformerEngine("unfused"), options=options,
             description="TE's auto attention backend against its unfused attention and an FP64 reference",
             claims=True,

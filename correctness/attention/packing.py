@@ -19,7 +19,8 @@ from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, PathOutput
+from correctness import tiers
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, PathOutput, Tier
 from correctness.models import load_model
 from correctness.recipes import Recipe, lever_recipe
 from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape
@@ -108,7 +109,7 @@ def packing_controls(candidate: Implementation) -> tuple[Control, ...]:
 
 
 def packing_lever(
-    *, recipe: Recipe, tier: str, scale: Scale, device: str, packed: Implementation, description: str
+    *, recipe: Recipe, tier: Tier, scale: Scale, packed: Implementation, description: str
 ) -> Lever:
     model = load_model(recipe.model)
     cases = []
@@ -118,7 +119,7 @@ def packing_lever(
             continue
         cases += [packing_case(shape, seed) for seed in SEEDS]
     return Lever(
-        name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref, device=device,
+        name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref,
         cases=tuple(cases), candidate=packed, default=PerRow(packed), reference=Fp64Reference(),
         controls=packing_controls(packed), slicing=SLICING, invariants=(SINGLE_KEY_ROWS,),
     )
@@ -128,7 +129,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         packing_lever(
-            recipe=recipe, tier="cpu", scale=PACKING_SMOKE_SCALE, device="cpu", packed=path,
+            recipe=recipe, tier=tiers.CPU, scale=PACKING_SMOKE_SCALE, packed=path,
             description=f"{label} over two packed rows (THD) against the same rows one at a time (BSHD)"
             " and an FP64 reference",
         )
@@ -140,7 +141,7 @@ def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         packing_lever(
-            recipe=recipe, tier="gpu", scale=RECIPE_SCALE, device="cuda", packed=Sdpa(backend),
+            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, packed=Sdpa(backend),
             description=f"torch SDPA's {backend} backend over packed rows (THD) against the same rows one at a"
             " time (BSHD) and an FP64 reference",
         )
@@ -152,7 +153,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         packing_lever(
-            recipe=recipe, tier=recipe.gpu.lower(), scale=RECIPE_SCALE, device="cuda", packed=TransformerEngine(backend),
+            recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE, packed=TransformerEngine(backend),
             description=f"TE's {backend} attention over two packed rows (THD) against the same rows one at a time"
             " (BSHD) and an FP64 reference",
         )

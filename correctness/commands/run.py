@@ -5,9 +5,11 @@
 
 Selects the levers for the recipe's model and GPU, with shapes taken from RECIPE.yaml. `auto` runs
 the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and the CPU tiers
-otherwise (those without a GPU marker, Megatron's optimizer on the CPU included). With several GPUs the cases are spread over them, one GPU per pytest-xdist worker
-(install the `parallel` extra); the workers' records are merged into one per lever. pytest prints
-its progress and, at the end, a verdict table per lever.
+otherwise (those without a marker that only CUDA tiers carry, Megatron's optimizer on the CPU
+included); both expressions are built from the tiers (correctness.tiers). With several GPUs the
+cases are spread over them, one GPU per pytest-xdist worker (install the `parallel` extra); the
+workers' records are merged into one per lever. pytest prints its progress and, at the end, a
+verdict table per lever.
 
 Before any test starts it checks what would otherwise fail late: the recipe against the schema, the
 model's facts, that the results folder takes a file, and that the levers can be built from the
@@ -37,15 +39,16 @@ import torch
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
-from correctness.hardware import GPU_MARKERS  # not from correctness.pytest_plugin: see hardware.py
 from correctness.models import load_model
 from correctness.recipes import load_recipe, validate_recipe
+from correctness.tiers import GPU, GPU_MARKERS, cuda_only_markers, recipe_gpu_tier  # not via the plugin: see tiers.py
 
 COMPONENT_TESTS = FIXTURES_DIR.parent / "component_tests"
 RESULTS = FIXTURES_DIR.parent / "results"  # the plugin's default, <rootdir>/results
-# Everything that runs without a GPU: the CPU tiers, and Megatron's own optimizer on the CPU (marked
-# `megatron` alone; it skips with the reason where megatron-core is not installed).
-CPU_TIER = "not gpu and not te and not " + " and not ".join(GPU_MARKERS)
+# Everything that runs without a GPU: the tests without a marker that only CUDA tiers carry (the CPU
+# tiers, and Megatron's own optimizer on the CPU, marked `megatron` alone; it skips with the reason
+# where megatron-core is not installed).
+CPU_TIER = " and ".join(f"not {marker}" for marker in cuda_only_markers())
 
 
 def add_arguments(parser) -> None:
@@ -65,8 +68,14 @@ def markers(recipe, tier: str) -> str:
         tier = "gpu" if torch.cuda.is_available() else "cpu"
     if tier == "cpu":
         return CPU_TIER
-    own = recipe.gpu.lower()
-    return f"gpu or {own}" if own in GPU_MARKERS else "gpu"
+    return gpu_selection(recipe.gpu)
+
+
+def gpu_selection(gpu: str) -> str:
+    """The GPU tiers on a recipe's GPU: those that run on any CUDA GPU (marked `gpu`, Megatron's
+    optimizer on a GPU included) and the recipe GPU's own tier, by the marker naming its GPU."""
+    own = recipe_gpu_tier(gpu).markers if gpu.lower() in GPU_MARKERS else ()
+    return " or ".join([*GPU.markers, *(marker for marker in own if marker in GPU_MARKERS)])
 
 
 def writable_folder(path: Path) -> Path:

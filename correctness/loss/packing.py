@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput
+from correctness import tiers
+from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput, Tier
 from correctness.models import load_model
 from correctness.recipes import Recipe, lever_recipe
 from correctness.attention.shapes import DTYPES
@@ -122,7 +123,7 @@ def loss_shape(recipe: Recipe, scale: str) -> LossShape:
     )
 
 
-def loss_lever(recipe: Recipe, *, tier: str, scale: str, device: str) -> Lever:
+def loss_lever(recipe: Recipe, *, tier: Tier, scale: str) -> Lever:
     shape = loss_shape(recipe, scale)
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="learned-logits",
@@ -132,7 +133,7 @@ def loss_lever(recipe: Recipe, *, tier: str, scale: str, device: str) -> Lever:
     return Lever(
         name=NAME, version=VERSION, tier=tier,
         description="the per-token loss summed over packed rows against the same sum row by row and an FP64 reference",
-        recipe=recipe.ref, device=device, cases=cases,
+        recipe=recipe.ref, cases=cases,
         candidate=PackedLoss("packed-token-sum"), default=PackedLoss("per-row-token-sum", per_row=True),
         reference=Fp64Loss(),
         controls=(
@@ -143,8 +144,8 @@ def loss_lever(recipe: Recipe, *, tier: str, scale: str, device: str) -> Lever:
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier="cpu", scale="smoke", device="cpu")]
+    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale="smoke")]
 
 
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier="gpu", scale="recipe", device="cuda")]
+    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale="recipe")]

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Implementation, Streamed
+from correctness import tiers
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Implementation, Streamed, Tier
 from correctness.models import ModelFacts, load_model
 from correctness.optimizer.checkpoint_values import load_slice
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
@@ -297,14 +298,14 @@ def _unclipped_whole(inputs: WholeInventory) -> WholeInventory:
 
 
 def offload_lever(
-    setting: OffloadSetting, *, tier: str, device: str, options: LeverOptions, candidate: OffloadCandidate
+    setting: OffloadSetting, *, tier: Tier, options: LeverOptions, candidate: OffloadCandidate
 ) -> Lever:
     """The lever of every tier: `candidate` against fraction 1.0 (torch AdamW on the CPU) and the
     FP64 reference, with the three negative controls."""
     join = AllUnits if candidate.whole else (lambda path: path)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=describe(setting), recipe=setting.recipe.ref,
-        device=device, cases=offload_cases(setting, options, whole=candidate.whole), candidate=candidate.path,
+        cases=offload_cases(setting, options, whole=candidate.whole), candidate=candidate.path,
         default=join(TorchAdamW()), reference=join(Fp64AdamW()),
         controls=(
             Control(name="no bias correction", path=candidate.no_bias_correction),
@@ -316,7 +317,7 @@ def offload_lever(
         ),
         secondary_references=(join(Fp64AdamW(fp32_hyperparameters=True)),),
         summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
-        cpu_threads=1 if device == "cpu" else None,  # blocks of at most 2.1M elements: one thread is as fast
+        cpu_threads=1 if tier.device == "cpu" else None,  # blocks of at most 2.1M elements: one thread is as fast
         invariants=(BF16_WEIGHTS_ARE_ROUNDED_MASTERS,),
     )
 
@@ -335,7 +336,7 @@ def cpu_tier(
     split = split_candidate(setting, EagerAdamW)
     return [
         offload_lever(
-            setting, tier="cpu", device="cpu", options=options,
+            setting, tier=tiers.CPU, options=options,
             candidate=split if candidate is None else replace(split, path=candidate),
         )
     ]
@@ -346,7 +347,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     setting = offload_setting(recipe_id, RECIPE, options)
     return [
         offload_lever(
-            setting, tier=setting.recipe.gpu.lower(), device="cuda", options=options,
+            setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), options=options,
             candidate=split_candidate(setting, TeFusedAdam),
         )
     ]
@@ -357,7 +358,8 @@ def megatron_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMO
     setting = offload_setting(recipe_id, scale, options)
     return [
         offload_lever(
-            setting, tier="megatron", device="cuda", options=options, candidate=megatron_candidate(setting, "cuda")
+            setting, tier=tiers.MEGATRON_GPU, options=options,
+            candidate=megatron_candidate(setting, tiers.MEGATRON_GPU.device),
         )
     ]
 
@@ -369,6 +371,7 @@ def megatron_cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale =
     setting = offload_setting(recipe_id, scale, options)
     return [
         offload_lever(
-            setting, tier="megatron-cpu", device="cpu", options=options, candidate=megatron_candidate(setting, "cpu")
+            setting, tier=tiers.MEGATRON_CPU, options=options,
+            candidate=megatron_candidate(setting, tiers.MEGATRON_CPU.device),
         )
     ]

@@ -10,6 +10,7 @@ from correctness import Case, Control, Lever, LeverOptions, Mutated, PathOutput
 from correctness.fixtures import recipe_path
 from correctness.models import load_model
 from correctness.recipes import load_recipe
+from correctness.tiers import CPU
 from correctness.attention.shapes import SMOKE_SCALE, attention_shape
 
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -69,7 +70,7 @@ def rmsnorm_levers(options: LeverOptions) -> list[Lever]:
                        make_inputs=partial(make_inputs, s, seed)) for s in shapes for seed in (0, 1))
     candidate = Fused()
     return [Lever(
-        name="rmsnorm-kernel", version=1, tier="cpu", device="cpu", recipe=recipe.ref, cases=cases,
+        name="rmsnorm-kernel", version=1, tier=CPU, recipe=recipe.ref, cases=cases,
         description="torch's RMSNorm against an eager BF16 RMSNorm and FP64",
         candidate=candidate, default=Eager("eager-bf16"), reference=Eager("fp64", torch.float64),
         controls=(
