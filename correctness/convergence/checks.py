@@ -6,50 +6,9 @@ longer runs, and returns a `ConvergenceResult` of `Check`s; `convergence_block` 
 a recipe's `correctness.convergence` block (rounded, as the recipe holds them); `format_report` the
 terminal table. `ConvergenceResult.to_dict` (--json) keeps every figure at full precision.
 
-What Megatron-Bridge does, as read in NVIDIA-NeMo/Megatron-Bridge
-scripts/performance/utils/evaluate.py (`validate_convergence`, `get_metrics_from_logfiles`) and
-scripts/performance/argument_parser.py (`_testing_args`):
-- skip: `n = max(0, int(len(current) * skip_first_percent_loss))` points are dropped from the start
-  (int truncates: 20 points at 0.2 drop 4, 24 points drop 4); every check below sees the rest.
-- correlation: `np.corrcoef(current, golden)[0, 1]`, failing when `< correlation_threshold`; a NaN
-  correlation (a constant curve, a NaN loss) compares false and so passes there.
-- point-wise: the tolerance by the golden value, `> 2.0` high (0.10), `> 0.5` medium (0.05), else low
-  (0.02); relative difference `|c - g| / |g|` (`|c|` where g == 0); a point fails when that is
-  `> tolerance`; the check fails when failures / points `> max_outlier_ratio`.
-- final loss: at the last compared point `|c - g| / g` (`|c|` where g == 0), failing when
-  `> final_loss_tolerance`.
-- outliers: residuals `r = c - g`; a point is an outlier when `|r - mean(r)| > outlier_threshold *
-  std(r)` (np.std, population: ddof 0); the check fails when outliers / points `> max_outlier_ratio`.
-- function defaults: correlation 0.95, tolerances 0.10 / 0.05 / 0.02, final 0.03, max_outlier_ratio
-  0.1, outlier_threshold 3.0, skip 0.0. The pipeline's command-line defaults (argument_parser.py):
-  final 0.05 and skip 0.20, the others the same.
-- log lines: read by correctness.convergence.curves, which says how.
-
-Where this module differs, on purpose:
-- NaN or Inf in either curve fails (`finite losses`), naming the step; a correlation that is not
-  defined (a constant curve over the compared steps, a non-finite loss, fewer than two points)
-  fails; a non-finite point counts as a point-wise failure; outliers are not computed (and fail)
-  on non-finite residuals.
-- Curves are paired by step, not by position: steps present in one curve only, or missing from both
-  (a gap in the logging grid), fail `step coverage`. Curves of different lengths are bad input.
-- The final relative difference divides by |g| (Megatron-Bridge by g: the same for losses > 0).
-- No check does work beyond the number of points read (the gaps of steps {1, 2, 2e8} are counted,
-  not listed); the inputs themselves are bounded by correctness.convergence.curves.
-
-A property of the outlier check worth knowing: with ddof 0 the squared z-scores of n residuals
-sum to n, so k points beyond 3 standard deviations need 9k < n, while failing needs k > 0.1 n. At
-20 steps (16 compared) the check cannot fail; it can at n = 19, 28, 29, 37-39, ... and every n >= 91,
-and even then only when about a tenth of the points stand out together.
-
-The drift check (ours): over the compared steps, the least-squares line through d = candidate -
-reference against the step; its fitted change over the window, `slope * (last step - first step)`,
-divided by the mean reference loss there, is the drift. It fails when |drift| > 0.02 (2% of the
-reference loss), and applies only to curves of at least 50 steps (fewer cannot separate a trend
-from step noise: the fit's standard error is about sigma * sqrt(12 / n) for per-step noise sigma,
-so 2% is 3.6 standard errors for 1% noise at the 40 points compared of a 50-step run). It catches
-a slow divergence that stays inside every point-wise tolerance and the final-loss tolerance (a
-candidate 4% above the reference at the end of a 100-step run passes the five checks). A constant
-offset is not drift (it is the point-wise and final checks' business); either sign fails.
+What Megatron-Bridge's function does as read at the source, where these checks differ on purpose
+and why (the outlier check cannot fail at 20 steps; the drift check's window and threshold):
+docs/convergence.md.
 """
 
 from __future__ import annotations
