@@ -38,13 +38,13 @@ import torch
 
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.errors import CorrectnessError, RecipeError
-from correctness.fixtures import FIXTURES_DIR
+from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.models import load_model
 from correctness.recipes import load_recipe, validate_recipe
 from correctness.tiers import GPU, GPU_MARKERS, cuda_only_markers, recipe_gpu_tier  # not via the plugin: see tiers.py
 
-COMPONENT_TESTS = FIXTURES_DIR.parent / "component_tests"
-RESULTS = FIXTURES_DIR.parent / "results"  # the plugin's default, <rootdir>/results
+COMPONENT_TESTS = COMPONENT_TESTS_DIR  # the checkout's component_tests/, or the installed package's
+PLUGIN = "correctness.pytest_plugin"  # the checkout's conftest.py loads it too; pytest loads it once
 # Everything that runs without a GPU: the tests without a marker that only CUDA tiers carry (the CPU
 # tiers, and Megatron's own optimizer on the CPU, marked `megatron` alone; it skips with the reason
 # where megatron-core is not installed).
@@ -54,7 +54,7 @@ CPU_TIER = " and ".join(f"not {marker}" for marker in cuda_only_markers())
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE.yaml")
     parser.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
-    parser.add_argument("--results-dir", help="where the records go (default: results/ beside the tests)")
+    parser.add_argument("--results-dir", help="where the records go (default: results/ in the checkout, or in the current folder when installed)")
     parser.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                         help="pytest-xdist workers, 0 or more (default: one per GPU where there are several)")
     parser.add_argument("--checkpoint-cases", help="folder of captured attention inputs")
@@ -76,6 +76,13 @@ def gpu_selection(gpu: str) -> str:
     optimizer on a GPU included) and the recipe GPU's own tier, by the marker naming its GPU."""
     own = recipe_gpu_tier(gpu).markers if gpu.lower() in GPU_MARKERS else ()
     return " or ".join([*GPU.markers, *(marker for marker in own if marker in GPU_MARKERS)])
+
+
+def default_results() -> Path:
+    """results/ in the checkout (the plugin's default, <rootdir>/results), and results/ in the
+    current folder where the component tests were installed from a wheel."""
+    root = checkout_root()
+    return root / "results" if root is not None else Path.cwd() / "results"
 
 
 def writable_folder(path: Path) -> Path:
@@ -169,9 +176,9 @@ def run(args) -> int:
         load_model(recipe.model)
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error}") from None
-    results = writable_folder(Path(args.results_dir) if args.results_dir else RESULTS)
+    results = writable_folder(Path(args.results_dir) if args.results_dir else default_results())
     selection = markers(recipe, args.tier)
-    selected = [str(COMPONENT_TESTS), "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
+    selected = [str(COMPONENT_TESTS), "-p", PLUGIN, "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
     for option in ("checkpoint_cases", "model_checkpoint"):
         value = getattr(args, option)
         if value:
