@@ -9,6 +9,7 @@ import yaml
 
 from correctness.errors import RecipeError
 from correctness.fixtures import MODELS_DIR
+from correctness.recipes import dotted_field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,12 +35,7 @@ class ModelFacts:
     data: dict[str, Any]
 
     def field(self, dotted: str) -> Any:
-        value = self.data
-        for key in dotted.split("."):
-            if not isinstance(value, dict) or key not in value:
-                raise RecipeError(f"model facts {self.name}: missing field {dotted}")
-            value = value[key]
-        return value
+        return dotted_field(self.data, dotted, f"model facts {self.name}")
 
     @property
     def layers(self) -> int:

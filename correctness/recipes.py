@@ -33,11 +33,12 @@ from correctness.fixtures import RECIPES_DIR
 from correctness.lever import RecipeRef
 
 
-def _field(data: Any, dotted: str, source: str) -> Any:
+def dotted_field(data: Any, dotted: str, owner: str) -> Any:
+    """data["a"]["b"] for "a.b"; a missing key is a RecipeError naming `owner` and the field."""
     value = data
     for key in dotted.split("."):
         if not isinstance(value, dict) or key not in value:
-            raise RecipeError(f"recipe {source}: missing field {dotted}")
+            raise RecipeError(f"{owner}: missing field {dotted}")
         value = value[key]
     return value
 
@@ -85,7 +86,7 @@ class Recipe:
     sha256: str
 
     def field(self, dotted: str) -> Any:
-        return _field(self.data, dotted, self.id)
+        return dotted_field(self.data, dotted, f"recipe {self.id}")
 
     def positive_int(self, dotted: str) -> int:
         value = self.field(dotted)
