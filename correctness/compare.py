@@ -194,6 +194,10 @@ class Moments:
     def of(error: torch.Tensor, ref64: torch.Tensor, reduce) -> "Moments":
         return Moments(sq=reduce(error * error), dot=reduce(error * ref64), total=reduce(error))
 
+    def summed(self) -> "Moments":
+        """The whole tensor's sums from its slices' (one pass over the elements serves both)."""
+        return Moments(sq=self.sq.sum(), dot=self.dot.sum(), total=self.total.sum())
+
     def add(self, other: "Moments", concatenate: bool) -> None:
         for name in ("sq", "dot", "total"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -232,21 +236,24 @@ def baseline(
     default_error = default.to(torch.float64) - ref64
     sliced = slicing is not None and slicing.applies(ref64)
     ref_sq = ref64 * ref64
-    moments = Moments.of(default_error, ref64, _whole)
+    slice_default = Moments.of(default_error, ref64, slicing.sums) if sliced else None
+    slice_reference_sq = slicing.sums(ref_sq) if sliced else None
+    moments = slice_default.summed() if sliced else Moments.of(default_error, ref64, _whole)
+    reference_sq = slice_reference_sq.sum() if sliced else ref_sq.sum()
     nonfinite = None
-    if not (math.isfinite(ref_sq.sum().item()) and math.isfinite(moments.sq.item())):
+    if not (math.isfinite(reference_sq.item()) and math.isfinite(moments.sq.item())):
         nonfinite = nonfinite_report("reference", name, reference, offset) or nonfinite_report(
             "default", name, default, offset
         )
     return Baseline(
         reference=ref64,
         default=default,
-        reference_sq=ref_sq.sum(),
+        reference_sq=reference_sq,
         count=reference.numel(),
         default_moments=moments,
-        slice_reference_sq=slicing.sums(ref_sq) if sliced else None,
+        slice_reference_sq=slice_reference_sq,
         slice_count=slicing.sums(torch.ones_like(ref64)) if sliced else None,
-        slice_default=Moments.of(default_error, ref64, slicing.sums) if sliced else None,
+        slice_default=slice_default,
         nonfinite=nonfinite,
     )
 
@@ -324,7 +331,8 @@ class TensorAccumulator:
         offset = self.rows
         base = base or baseline(self.name, default, reference, offset, self.slicing)
         judged_error = judged.to(torch.float64) - base.reference
-        judged_moments = Moments.of(judged_error, base.reference, _whole)
+        slice_judged = Moments.of(judged_error, base.reference, self.slicing.sums) if sliced else None
+        judged_moments = slice_judged.summed() if sliced else Moments.of(judged_error, base.reference, _whole)
         judged_finite = math.isfinite(judged_moments.sq.item())
         self.nonfinite = self.nonfinite or base.nonfinite
         if not judged_finite:
@@ -336,7 +344,6 @@ class TensorAccumulator:
             self.judged.add(judged_moments, concatenate=False)
             self.default.add(base.default_moments, concatenate=False)
         if sliced:
-            slice_judged = Moments.of(judged_error, base.reference, self.slicing.sums)
             if first:
                 self.slice_judged, self.slice_default = slice_judged, Moments(**vars(base.slice_default))
                 self.slice_reference_sq, self.slice_count = base.slice_reference_sq, base.slice_count
@@ -386,11 +393,9 @@ class TensorAccumulator:
         offset = _ratio(self.slice_judged.total, rms_count)
         default_offset = _ratio(self.slice_default.total, rms_count)
         floating = self.dtype if self.dtype.is_floating_point else torch.float32
-        floor = self.rule.systematic_floor(floating)
         rest = torch.nan_to_num(_rest(self.slice_judged, reference_sq, self.slice_count), nan=0.0, posinf=0.0)
-        noise = self.rule.systematic_noise_sigmas * rest / self.slice_count.sqrt()
-        slope_threshold = self.rule.systematic_factor * default_slope.abs() + floor + noise
-        offset_threshold = self.rule.systematic_factor * default_offset.abs() + floor + noise
+        slope_threshold = self.rule.systematic_threshold(default_slope, floating, rest, self.slice_count)
+        offset_threshold = self.rule.systematic_threshold(default_offset, floating, rest, self.slice_count)
         systematic_over = torch.maximum(slope.abs() / slope_threshold, offset.abs() / offset_threshold)
         systematic_over = torch.where(torch.isnan(systematic_over), math.inf, systematic_over)
         s_worst = _unravel(int(torch.argmax(systematic_over)), systematic_over.shape)

@@ -22,6 +22,7 @@ above FP32's floor; six such deviations keep thousands of tensors and slices fro
 chance, while a pure scale error, whose rest is nothing, is flagged however few its elements.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +58,12 @@ class Rule:
         """The smallest slope or offset flagged whatever the default's: a share of dtype's epsilon."""
         return self.systematic_floor_eps * torch.finfo(dtype).eps
 
-    def systematic_threshold(self, default_value: float, dtype: torch.dtype, rest: float, count: int) -> float:
+    def systematic_threshold(self, default_value, dtype: torch.dtype, rest, count):
         """The largest |slope| (or |offset|) of the candidate not flagged, given the default's and
-        the relative size of the rest of the candidate's error over `count` elements."""
-        noise = self.systematic_noise_sigmas * rest / max(count, 1) ** 0.5
+        the relative size of the rest of the candidate's error over `count` elements: numbers, or
+        tensors of them (one per slice)."""
+        root = count.clamp(min=1).sqrt() if isinstance(count, torch.Tensor) else math.sqrt(max(count, 1))
+        noise = self.systematic_noise_sigmas * rest / root
         return self.systematic_factor * abs(default_value) + self.systematic_floor(dtype) + noise
 
     def describe(self) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from correctness.attention.eager import EagerUnfused
-from correctness.attention.lever import window_too_narrow, window_too_wide
+from correctness.attention.lever import window_changed, window_too_narrow, window_too_wide
 from correctness.lever import Case, Mutated, Implementation
 
 LAST_BLOCK = 64  # rows: the last block of a 64-row kernel tile
@@ -83,19 +83,14 @@ def _attention(mutation: str, **changes) -> Callable[[Implementation], Implement
     return lambda base: Mutated(base=base, mutation=mutation, **changes)
 
 
-def _window(change: Callable) -> Callable:
-    """The inputs with the window changed; a shape without a window is left as it is."""
-    return lambda inputs: inputs if inputs.shape.window is None else inputs.with_shape(window=change(inputs.shape))
-
-
 CATALOGUE = (
     WrongImplementation(
         name="window one key too narrow", lever="attention-backend", changes=_has_window, caught_on=_window_edge,
-        build=_attention("window one key too narrow", mutate=_window(window_too_narrow)),
+        build=_attention("window one key too narrow", mutate=window_changed(window_too_narrow)),
     ),
     WrongImplementation(
         name="window one key too wide", lever="attention-backend", changes=_has_window, caught_on=_window_edge,
-        build=_attention("window one key too wide", mutate=_window(window_too_wide)),
+        build=_attention("window one key too wide", mutate=window_changed(window_too_wide)),
     ),
     WrongImplementation(
         name=f"keys of the last {LAST_BLOCK}-row block masked out", lever="attention-backend",

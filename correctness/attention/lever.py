@@ -21,13 +21,13 @@ case is "no kernel change" (bitwise identical), never evidence for a fused kerne
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from correctness.attention.claims import expected_te_backends
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
-from correctness.attention.inputs import checkpoint_file, checkpoint_inputs, synthetic_inputs
+from correctness.attention.inputs import AttentionInputs, checkpoint_file, checkpoint_inputs, synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
@@ -138,26 +138,21 @@ def wrong_scale(shape: AttentionShape) -> float:
     return usual if not math.isclose(shape.softmax_scale, usual) else 1.0
 
 
+def window_changed(change: Callable[[AttentionShape], tuple[int, int]]) -> Callable[[AttentionInputs], AttentionInputs]:
+    """A mutation of the inputs: the window changed by `change`; a shape without a window stays as it is."""
+    return lambda inputs: inputs if inputs.shape.window is None else inputs.with_shape(window=change(inputs.shape))
+
+
+def _window_control(name: str, mutation: str, change: Callable[[AttentionShape], tuple[int, int]],
+                    candidate: Implementation) -> Control:
+    return Control(name=name, path=Mutated(base=candidate, mutation=mutation, mutate=window_changed(change)),
+                   why_inapplicable=window_control_inapplicable)
+
+
 def controls(candidate: Implementation) -> tuple[Control, ...]:
     return (
-        Control(
-            name="window off by one",
-            path=Mutated(
-                base=candidate,
-                mutation="window one key too wide",
-                mutate=lambda inputs: inputs.with_shape(window=window_too_wide(inputs.shape)),
-            ),
-            why_inapplicable=window_control_inapplicable,
-        ),
-        Control(
-            name="window one short",
-            path=Mutated(
-                base=candidate,
-                mutation="window one key too narrow",
-                mutate=lambda inputs: inputs.with_shape(window=window_too_narrow(inputs.shape)),
-            ),
-            why_inapplicable=window_control_inapplicable,
-        ),
+        _window_control("window off by one", "window one key too wide", window_too_wide, candidate),
+        _window_control("window one short", "window one key too narrow", window_too_narrow, candidate),
         Control(
             name="wrong softmax scale",
             path=Mutated(
