@@ -1,7 +1,5 @@
 """The optimizer-offload lever at both recipes (see correctness/optimizer/lever.py)."""
 
-from functools import partial
-
 import pytest
 
 from correctness.optimizer import lever as offload
@@ -11,16 +9,12 @@ NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
 
 def both_recipes(tier):
+    """The tier's levers at both fixture recipes (with --recipe, the plugin keeps one per lever)."""
     return lambda options: [lever for recipe in (GEMMA, NEMOTRON) for lever in tier(recipe, options)]
 
 
-@pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, GEMMA))
-def test_gemma_offload_with_te_fused_adam(lever, case, lever_check):
-    lever_check(lever, case)
-
-
-@pytest.mark.levers(factory=partial(offload.recipe_gpu_tier, NEMOTRON))
-def test_nemotron_offload_with_te_fused_adam(lever, case, lever_check):
+@pytest.mark.levers(factory=both_recipes(offload.recipe_gpu_tier))
+def test_offload_with_te_fused_adam(lever, case, lever_check):
     lever_check(lever, case)
 
 

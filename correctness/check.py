@@ -7,7 +7,7 @@ from typing import Any
 
 from correctness.classify import Classification, classify_recipe
 from correctness.errors import RecipeError
-from correctness.models import load_model
+from correctness.models import facts_for, load_facts
 from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.results import FAIL, INCOMPLETE, NO_KERNEL_CHANGE, PASS
 
@@ -54,9 +54,10 @@ def _convergence(recipe: Recipe) -> Finding:
     return Finding("convergence", status, f"{result}: {figures}")
 
 
-def check_recipe(path: str | Path, reference: str | Path | None = None) -> RecipeCheck:
-    """The recipe's verdict. A recipe whose model has no model facts (fixtures/models/<model>.yaml)
-    gets none: it is refused as bad input (RecipeError, exit 2), not failed or left incomplete.
+def check_recipe(path: str | Path, reference: str | Path | None = None,
+                 model_config: str | Path | None = None) -> RecipeCheck:
+    """The recipe's verdict. A recipe whose model has no model facts (the suite's own, or those of
+    `model_config`, the model's Hugging Face config.json) gets none: it is refused as bad input (RecipeError, exit 2), not failed or left incomplete.
 
     A verdict is evidence or nothing. Every lever takes its shapes from the model facts, so without
     them no component test can have run at this model's shapes, and an entry the recipe carries
@@ -68,7 +69,7 @@ def check_recipe(path: str | Path, reference: str | Path | None = None) -> Recip
     recipe = load_recipe(path)
     validate_recipe(recipe.data, recipe.id)
     try:
-        load_model(recipe.model)
+        facts_for(recipe.model, load_facts(model_config) if model_config else None)
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error} (a verdict needs the model's facts)") from None
     classification = classify_recipe(recipe, reference)

@@ -21,6 +21,7 @@ from correctness.commands import (
     classify,
     converge,
     drop_stdout,
+    model_facts,
     run,
 )
 from correctness.errors import CorrectnessError
@@ -31,6 +32,7 @@ COMMANDS = {
     "converge": (converge, "check a candidate loss curve against a reference curve"),
     "check": (check, "one verdict for a recipe: configuration, component tests, convergence"),
     "run": (run, "run a recipe's component tests (pytest underneath) and write their records"),
+    "model-facts": (model_facts, "write a model's facts from its Hugging Face config.json"),
     "capture-attention": (
         capture_attention, "capture a trained model's attention inputs for the attention lever's checkpoint cases"
     ),

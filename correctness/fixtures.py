@@ -32,6 +32,7 @@ def _folder(package: str, checkout_name: str) -> Path:
 FIXTURES_DIR = _folder("correctness_fixtures", "fixtures")
 RECIPES_DIR = FIXTURES_DIR / "recipes"
 MODELS_DIR = FIXTURES_DIR / "models"
+CONFIGS_DIR = FIXTURES_DIR / "configs"
 COMPONENT_TESTS_DIR = _folder("correctness_component_tests", "component_tests")
 
 

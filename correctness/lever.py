@@ -131,15 +131,23 @@ class Case:
     expected_backend: str | None = None
 
 
+class NotApplicable(ValueError):
+    """Raised by a lever factory whose lever does not apply to the recipe (an optimizer-offload
+    lever for a recipe that does not offload); its message says why. The pytest plugin skips the
+    test with it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LeverOptions:
     """What a user chooses at run time, handed to lever factories: the folder of captured
-    attention inputs and the model's Hugging Face checkpoint, where given, and a recipe file to take
-    shapes from in place of the fixture recipe of the same model and GPU."""
+    attention inputs and the model's Hugging Face checkpoint, where given, a recipe file to run in
+    place of the component tests' fixture recipes, and the model facts of its model (from
+    --model-config) where the suite has none of its own."""
 
     checkpoint_dir: Path | None = None
     model_checkpoint: Path | None = None
-    recipe: Any = None  # a user's recipe (correctness.recipes.Recipe) standing in for the fixture of its model and GPU
+    recipe: Any = None  # a user's recipe (correctness.recipes.Recipe), run in place of the fixture recipes
+    model: Any = None  # correctness.models.ModelFacts from --model-config, for the recipe's model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +158,10 @@ class RecipeRef:
     model: str
     gpu: str
     sha256: str
+    # Where the model facts the shapes come from were read (a facts file, or the config.json they
+    # were generated from) and that file's sha256; None for a lever that reads no model facts.
+    model_facts: str | None = None
+    model_facts_sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,14 +1,20 @@
-"""Model facts (fixtures/models/<name>.yaml): layer kinds and attention geometry."""
+"""Model facts: layer kinds, attention geometry and Megatron's layout of one model.
 
+Read from a facts file (fixtures/models/<name>.yaml, or one `correctness model-facts` wrote) or made
+from the model's Hugging Face config.json (correctness.model_config). `facts_for(recipe_model,
+given)` is what a lever uses: the facts given on the command line (--model-config), which must be
+for the recipe's model, else the suite's own: fixtures/models/<name>.yaml, then
+fixtures/configs/<Name>/config.json.
+"""
+
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from correctness.errors import RecipeError
-from correctness.fixtures import MODELS_DIR
+from correctness.fixtures import CONFIGS_DIR, MODELS_DIR
 from correctness.recipes import dotted_field
 
 
@@ -22,6 +28,9 @@ class AttentionKind:
     head_dim: int
     window: int | None  # Hugging Face convention: the query and the window - 1 keys before it
     softmax_scale: float
+    v_head_dim: int  # V's (and the output's) head dim: head_dim but for MLA (DeepSeek-V3: 192 and 128)
+    logit_softcap: float | None = None  # c in c tanh(logit / c) (Gemma 2: 50); None: none
+    sinks: bool = False  # one learned logit per query head in the softmax's denominator (GPT-OSS)
 
     @property
     def gqa_ratio(self) -> int:
@@ -33,6 +42,8 @@ class ModelFacts:
     name: str
     short_name: str  # for case ids: "gemma4-31b"
     data: dict[str, Any]
+    source: str = ""  # the file the facts were read from or generated from (a config.json)
+    sha256: str = ""  # that file's sha256
 
     def field(self, dotted: str) -> Any:
         return dotted_field(self.data, dotted, f"model facts {self.name}")
@@ -53,6 +64,19 @@ class ModelFacts:
     def layers_of_kind(self, kind: str) -> tuple[int, ...]:
         return tuple(layer for layer in range(self.layers) if self.layer_kind(layer) == kind)
 
+    def attention_kind_of(self, layer_kind: str) -> str | None:
+        """The attention kind a layer kind runs: the layer kind itself where it is an attention kind
+        (Gemma: sliding, global), else `attention.kind_of_layer`'s entry (Moonlight's dense and moe
+        layers both run its one attention kind); None for a layer without attention (Mamba)."""
+        if layer_kind in self.attention_kinds:
+            return layer_kind
+        mapping = self.data.get("attention", {}).get("kind_of_layer") or {}
+        return mapping.get(layer_kind)
+
+    def attention_layers(self, kind: str) -> tuple[int, ...]:
+        """The layers whose attention is of this attention kind."""
+        return tuple(layer for layer in range(self.layers) if self.attention_kind_of(self.layer_kind(layer)) == kind)
+
     @property
     def attention_kinds(self) -> tuple[str, ...]:
         return tuple(self.field("attention.kinds"))
@@ -65,6 +89,8 @@ class ModelFacts:
         scale = self.field("attention.softmax_scale")
         if scale == "inverse_sqrt_head_dim":
             scale = 1.0 / math.sqrt(head_dim)
+        attention = self.field("attention")
+        softcap = attention.get("logit_softcap")
         return AttentionKind(
             name=kind,
             query_heads=int(self.field("attention.query_heads")),
@@ -72,29 +98,86 @@ class ModelFacts:
             head_dim=head_dim,
             window=facts["window"],
             softmax_scale=float(scale),
+            v_head_dim=int(facts.get("v_head_dim", head_dim)),
+            logit_softcap=None if softcap is None else float(softcap),
+            sinks=bool(attention.get("sinks", False)),
         )
 
 
 def model_file(model_name: str) -> Path:
-    """fixtures/models/<name>.yaml for a recipe's `model:` value ("Gemma-4-31B" -> gemma-4-31b.yaml)."""
+    """fixtures/models/<name>.yaml for a recipe's `model:` ("Gemma-4-31B" -> gemma-4-31b.yaml)."""
     return MODELS_DIR / f"{model_name.lower()}.yaml"
 
 
-def load_model(model_name: str) -> ModelFacts:
-    """The model facts of a recipe's `model:`; RecipeError (one line, naming the file) where the
-    suite has none or they are malformed."""
-    path = model_file(model_name)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError:
-        raise RecipeError(f"model {model_name}: no model facts at {path}") from None
-    except UnicodeDecodeError:
-        raise RecipeError(f"model facts {path}: not UTF-8 text") from None
-    except yaml.YAMLError:
-        raise RecipeError(f"model facts {path}: malformed YAML") from None
-    if not isinstance(data, dict) or data.get("name") != model_name:
-        raise RecipeError(f"model facts {path}: its name field does not read {model_name!r}")
+def fixture_config(model_name: str) -> Path | None:
+    """fixtures/configs/<Name>/config.json of a model, its folder matched without regard to case."""
+    if not CONFIGS_DIR.is_dir():
+        return None
+    for folder in sorted(CONFIGS_DIR.iterdir()):
+        if folder.name.lower() == model_name.lower() and (folder / "config.json").is_file():
+            return folder / "config.json"
+    return None
+
+
+def _facts(data: Any, label: str, source: Path, raw: bytes) -> ModelFacts:
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise RecipeError(f"{label}: missing field name")
     short = data.get("short_name")
     if not isinstance(short, str):
-        raise RecipeError(f"model facts {path}: missing field short_name")
-    return ModelFacts(name=model_name, short_name=short, data=data)
+        raise RecipeError(f"{label}: missing field short_name")
+    return ModelFacts(name=data["name"], short_name=short, data=data, source=_shown(source),
+                      sha256=hashlib.sha256(raw).hexdigest())
+
+
+def _shown(path: Path) -> str:
+    """A fixture's path relative to the fixtures folder's parent (fixtures/models/x.yaml), else as given."""
+    resolved = path.resolve()
+    base = MODELS_DIR.parent.parent
+    return str(resolved.relative_to(base)) if resolved.is_relative_to(base) else str(path)
+
+
+def load_facts(path: str | Path) -> ModelFacts:
+    """The model facts in a file: a Hugging Face config.json (or a folder holding one), made into
+    facts by correctness.model_config, or a facts YAML file. RecipeError in one line where it is
+    missing or malformed."""
+    from correctness.model_config import config_file, facts_from_config
+    from correctness.recipes import load_yaml, read_yaml_input
+
+    path = Path(path)
+    if path.is_dir() or path.suffix == ".json":
+        source = config_file(path)
+        data = facts_from_config(source)
+        return ModelFacts(name=data["name"], short_name=data["short_name"], data=data, source=_shown(source),
+                          sha256=data["config_sha256"])
+    label = f"model facts {path}"
+    raw = read_yaml_input(path, label)
+    return _facts(load_yaml(raw, label), label, path, raw)
+
+
+def load_model(model_name: str) -> ModelFacts:
+    """The suite's own facts of a recipe's `model:`: fixtures/models/<name>.yaml, else made from
+    fixtures/configs/<Name>/config.json; RecipeError (one line) where it has neither."""
+    path = model_file(model_name)
+    if path.is_file():
+        facts = load_facts(path)
+    else:
+        config = fixture_config(model_name)
+        if config is None:
+            raise RecipeError(f"model {model_name}: the suite has no model facts for it (no {path.name} in"
+                              f" {_shown(MODELS_DIR)}, no config in {_shown(CONFIGS_DIR)}); give its Hugging Face"
+                              " config with --model-config path/to/config.json")
+        facts = load_facts(config)
+    if facts.name != model_name:
+        raise RecipeError(f"model facts {facts.source}: its name field does not read {model_name!r}")
+    return facts
+
+
+def facts_for(recipe_model: str, given: ModelFacts | None = None) -> ModelFacts:
+    """The facts a lever builds a recipe's shapes from: `given` (--model-config), which must be for
+    the recipe's model, else the suite's own (load_model)."""
+    if given is None:
+        return load_model(recipe_model)
+    if given.name.lower() != recipe_model.lower():
+        raise RecipeError(f"model facts {given.source} are for {given.name}, but the recipe is for {recipe_model}"
+                          " (a config's model is the name of the folder holding its config.json)")
+    return given

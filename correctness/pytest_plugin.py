@@ -19,6 +19,7 @@ usable megatron-core).
 """
 
 import datetime
+import hashlib
 import os
 import shutil
 import time
@@ -29,8 +30,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from correctness.errors import CorrectnessError
 from correctness.harness import build_record, run_case
-from correctness.lever import Case, Lever, LeverOptions
+from correctness.lever import Case, Lever, LeverOptions, NotApplicable
+from correctness.models import load_facts
 from correctness.provenance import gpu_type
 from correctness.report import case_report, verdict_table
 from correctness.recipes import load_recipe
@@ -45,7 +48,6 @@ MARKERS = {
     **{marker: f"needs an NVIDIA {gpu} (the recipe's GPU); skips elsewhere" for marker, gpu in GPU_MARKERS.items()},
     "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
     "megatron": "needs a usable megatron-core; skips with the reason where it is missing",
-    "correctness_other_recipe": "internal: a lever test of another recipe than --recipe's (deselected)",
 }
 
 
@@ -60,7 +62,13 @@ def pytest_addoption(parser):
     group.addoption(
         "--recipe",
         default=None,
-        help="run the levers of this recipe file's model and GPU only, with shapes taken from it",
+        help="run every component test on this recipe file in place of the fixture recipes it names",
+    )
+    group.addoption(
+        "--model-config",
+        default=None,
+        help="the recipe model's Hugging Face config.json (or its folder, or a model facts file from"
+        " `correctness model-facts`), for a model the suite has no facts of",
     )
     group.addoption(
         "--strict-systematic",
@@ -104,14 +112,41 @@ def pytest_configure_node(node):
 
 
 def lever_options(config) -> LeverOptions:
+    """The run's options, read once; a recipe or model config that cannot be read is a usage
+    error in one line."""
+    if _OPTIONS not in config.stash:
+        try:
+            config.stash[_OPTIONS] = _read_options(config)
+        except CorrectnessError as error:
+            raise pytest.UsageError(str(error)) from None
+    return config.stash[_OPTIONS]
+
+
+def _read_options(config) -> LeverOptions:
     folder = config.getoption("checkpoint_cases") or os.environ.get(CHECKPOINT_ENV)
     model = config.getoption("model_checkpoint") or os.environ.get(MODEL_CHECKPOINT_ENV)
     recipe = config.getoption("recipe")
+    facts = config.getoption("model_config")
     return LeverOptions(
         checkpoint_dir=Path(folder) if folder else None,
         model_checkpoint=Path(model) if model else None,
         recipe=load_recipe(recipe) if recipe else None,
+        model=load_facts(facts) if facts else None,
     )
+
+
+def _levers(factory, options: LeverOptions) -> tuple[list[Lever], str | None]:
+    """The factory's levers, and the reason where its lever does not apply to the recipe. With
+    --recipe every test's factory builds its levers from that one recipe, so a test that names
+    several fixture recipes gets the same lever from each: it is kept once."""
+    try:
+        levers = factory(options)
+    except NotApplicable as reason:
+        return [], str(reason)
+    unique: dict[str, Lever] = {}
+    for lever in levers:
+        unique.setdefault(f"{lever.record_id}|{lever.recipe.id}", lever)
+    return list(unique.values()), None
 
 
 def pytest_generate_tests(metafunc):
@@ -121,13 +156,11 @@ def pytest_generate_tests(metafunc):
     if marker.args or set(marker.kwargs) != {"factory"}:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: write the marker as levers(factory=...)")
     options = lever_options(metafunc.config)
-    levers = marker.kwargs["factory"](options)
-    if options.recipe is not None:
-        wanted = (options.recipe.model, options.recipe.gpu)
-        levers = [lever for lever in levers if (lever.recipe.model, lever.recipe.gpu) == wanted]
-        if not levers:  # another recipe's test: deselected in pytest_collection_modifyitems
-            metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=_OTHER_RECIPE)], ids=["other-recipe"])
-            return
+    levers, not_applicable = _levers(marker.kwargs["factory"], options)
+    if not_applicable is not None:
+        metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=pytest.mark.skip(reason=not_applicable))],
+                             ids=["not-applicable"])
+        return
     metafunc.parametrize(("lever", "case"), [
         pytest.param(
             lever, case, id=f"{lever.candidate.name}-{case.id}" if len(levers) > 1 else case.id,
@@ -135,16 +168,6 @@ def pytest_generate_tests(metafunc):
         )
         for lever in levers for case in lever.cases
     ])
-
-
-_OTHER_RECIPE = pytest.mark.correctness_other_recipe
-
-
-def pytest_collection_modifyitems(config, items):
-    other = [item for item in items if item.get_closest_marker(_OTHER_RECIPE.name)]
-    if other:
-        config.hook.pytest_deselected(items=other)
-        items[:] = [item for item in items if not item.get_closest_marker(_OTHER_RECIPE.name)]
 
 
 def _missing_hardware(item) -> str | None:
@@ -185,7 +208,8 @@ class _LeverRun:
     cases: list[CaseResult] = field(default_factory=list)
 
 
-_RUNS = pytest.StashKey[dict]()
+_RUNS = pytest.StashKey[dict]()  # one _LeverRun per recipe and lever record (_run_key)
+_OPTIONS = pytest.StashKey[LeverOptions]()
 _WRITTEN = pytest.StashKey[list]()
 _RUN_TOKEN = pytest.StashKey[str]()
 PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
@@ -199,7 +223,7 @@ def lever_check(request):
 
     def check(lever: Lever, case: Case) -> CaseResult:
         run = runs.setdefault(
-            lever.record_id,
+            _run_key(lever.recipe.id, lever.record_id),
             _LeverRun(lever=lever, started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
         )
         clock = time.perf_counter()
@@ -213,6 +237,11 @@ def lever_check(request):
         return result
 
     return check
+
+
+def _run_key(recipe_id: str, record_id: str) -> str:
+    """A lever run's key: a record id names a lever, tier and candidate, and two recipes can share one."""
+    return f"{recipe_id}::{record_id}"
 
 
 def _results_dir(config) -> Path:
@@ -230,15 +259,16 @@ def pytest_sessionfinish(session):
     for run in config.stash.get(_RUNS, {}).values():
         data = record_to_json(build_record(run.lever, run.cases, run.started, run.seconds))
         if worker:
-            write_record(data, results, parts / f"{run.lever.record_id}.{worker['workerid']}.json")
+            key = hashlib.sha256(run.lever.recipe.id.encode()).hexdigest()[:12]
+            write_record(data, results, parts / f"{run.lever.record_id}.{key}.{worker['workerid']}.json")
         else:
-            pieces.setdefault(run.lever.record_id, []).append(data)
+            pieces.setdefault(_run_key(run.lever.recipe.id, run.lever.record_id), []).append(data)
     if worker:
         return
     if parts.is_dir():
         for path in sorted(parts.glob("*.json")):
             data = read_record(path)
-            pieces.setdefault(data["lever"]["record_id"], []).append(data)
+            pieces.setdefault(_run_key(data["recipe"]["id"], data["lever"]["record_id"]), []).append(data)
         shutil.rmtree(parts)
     written = []
     for part_list in pieces.values():

@@ -20,7 +20,7 @@ import io
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -137,6 +137,10 @@ class Recipe:
     @property
     def ref(self) -> RecipeRef:
         return RecipeRef(id=self.id, model=self.model, gpu=self.gpu, sha256=self.sha256)
+
+    def ref_for(self, model: Any) -> RecipeRef:
+        """The recipe's reference with the model facts (correctness.models.ModelFacts) its shapes come from."""
+        return replace(self.ref, model_facts=model.source, model_facts_sha256=model.sha256)
 
 
 def _round_trip():
@@ -372,11 +376,8 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def lever_recipe(recipe_id: str, stand_in: Recipe | None = None) -> Recipe:
-    """The fixture recipe a lever module names, or a user's recipe standing in for it where both are
-    for the same model and GPU (`correctness run RECIPE`: shapes then come from the user's file)."""
+    """The fixture recipe a component test names, or the user's recipe that runs in its place
+    (`--recipe`, `correctness run RECIPE`)."""
     from correctness.fixtures import recipe_path
 
-    fixture = load_recipe(recipe_path(recipe_id))
-    if stand_in is not None and (stand_in.model, stand_in.gpu) == (fixture.model, fixture.gpu):
-        return stand_in
-    return fixture
+    return stand_in if stand_in is not None else load_recipe(recipe_path(recipe_id))

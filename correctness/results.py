@@ -21,7 +21,7 @@ from correctness.files import folder_parts, read_input, replace_file
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 3  # 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
+FORMAT_VERSION = 4  # 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run

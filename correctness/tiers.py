@@ -7,7 +7,7 @@ importing them from correctness.pytest_plugin would import the plugin before pyt
 for assertion rewriting, and pytest would then warn (PytestAssertRewriteWarning) on every run.
 """
 
-from correctness.lever import Tier
+from correctness.lever import NotApplicable, Tier
 
 GPU_MARKERS = {"h100": "H100", "h200": "H200"}  # marker -> the GPU type it needs (provenance.gpu_type)
 
@@ -22,7 +22,7 @@ def recipe_gpu_tier(gpu: str) -> Tier:
     the GPU's lowercase name."""
     name = gpu.lower()
     if name not in GPU_MARKERS:
-        raise ValueError(f"no tier for the GPU {gpu!r}: the recipe GPUs with a marker are"
+        raise NotApplicable(f"no tier for the GPU {gpu!r}: the recipe GPUs with a marker are"
                          f" {', '.join(GPU_MARKERS.values())} (correctness.tiers.GPU_MARKERS)")
     return Tier(name=name, device="cuda", markers=(name, "te"))
 

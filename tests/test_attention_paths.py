@@ -304,13 +304,17 @@ def test_cpu_tier_declares_the_recipe_cases():
 
 def test_controls_apply_only_where_they_change_the_computation():
     lever = smoke_lever()
-    too_wide, too_narrow, scale = lever.controls
+    controls = {control.name: control for control in lever.controls}
+    too_wide, too_narrow, scale = (controls[name] for name in ("window off by one", "window one short", "wrong softmax scale"))
     by_variant = {(case.shape.layer_kind, case.variant): case for case in lever.cases}
     for window in (too_wide, too_narrow):
         assert window.why_inapplicable(by_variant[("sliding", "window-edge")]) is None
         assert "no window" in window.why_inapplicable(by_variant[("global", "model-like")])
         assert "window-edge case carries" in window.why_inapplicable(by_variant[("sliding", "model-like")])
     assert all(scale.why_inapplicable(case) is None for case in lever.cases)
+    # Gemma 4 has neither a logit softcap nor sinks: those controls apply nowhere, with the reason.
+    assert all("no logit softcap" in controls["softcap ignored"].why_inapplicable(case) for case in lever.cases)
+    assert all("no attention sinks" in controls["sink ignored"].why_inapplicable(case) for case in lever.cases)
 
 
 def test_wrong_scale_is_the_other_convention():

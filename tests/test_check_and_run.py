@@ -109,14 +109,17 @@ def test_run_hands_strict_systematic_to_pytest(tmp_path):
     assert "--strict-systematic" in finished.stdout.splitlines()[0]
 
 
-def test_run_selects_nothing_for_a_recipe_no_lever_is_declared_for(tmp_path):
+def test_a_recipe_on_a_gpu_without_a_tier_runs_the_cpu_tiers_and_skips_the_gpu_ones(tmp_path):
     recipe = tmp_path / "gemma-on-a100.yaml"
     recipe.write_text(recipe_path(GEMMA).read_text().replace("  type: H100\n", "  type: A100\n"))
     finished = run_cli("run", str(recipe), "--tier", "cpu", "--results-dir", str(tmp_path),
-                       "--", "-p", "no:cacheprovider", cwd=tmp_path)
-    assert finished.returncode == 2 and finished.stdout == ""  # found before pytest starts: one line
-    assert finished.stderr.count("\n") == 1
-    assert "no component test selected for Gemma-4-31B on A100" in finished.stderr
+                       "--", "--collect-only", "-q", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "test_sdpa_flash_cpu_against_eager_unfused[" in finished.stdout
+    finished = run_cli("run", str(recipe), "--tier", "cpu", "--results-dir", str(tmp_path),
+                       "--", "-k", "te_auto", "-rs", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "SKIPPED" in finished.stdout and "no tier for the GPU 'A100'" in finished.stdout
 
 
 def test_run_selects_the_recipes_own_levers(tmp_path):

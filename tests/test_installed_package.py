@@ -84,6 +84,11 @@ def test_correctness_run_from_an_installed_wheel(tmp_path):
     assert checkout == "None"
     assert Path(results) == cwd / "results"
 
+    config = target / "correctness_fixtures" / "configs" / "Llama-3.1-8B"
+    facts = subprocess.run([*python, "-m", "correctness.cli", "model-facts", str(config)],
+                           cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert facts.returncode == 0 and "name: Llama-3.1-8B" in facts.stdout, facts.stderr  # families.yaml shipped
+
     run = subprocess.run(
         [*python, "-m", "correctness.cli", "run", str(recipe), "--tier", "cpu", "--",
          "-k", "packed_loss or offload_fraction_cpu", "-p", "no:cacheprovider"],

@@ -3,6 +3,7 @@ Nemotron-H are the slices cut by hand as Megatron-Bridge cuts them, only the sli
 missing, short or malformed checkpoint is refused."""
 
 import copy
+import dataclasses
 import json
 import re
 
@@ -173,6 +174,9 @@ class RecordingOpen:
                 class Part:
                     def get_shape(self):
                         return part.get_shape()
+
+                    def get_dtype(self):
+                        return part.get_dtype()
 
                     def __getitem__(self, key):
                         block = part[key]
@@ -362,3 +366,18 @@ def test_nemotron_checkpoint_conv_shape_is_checked(tiny_nemotron, tmp_path):
     message = rf"checkpoint tensor {re.escape(name)} has shape \[40, 4\]; {conv.name} needs its rows 0:4$"
     with pytest.raises(CaseInputError, match=message):
         load_slice(folder, conv)
+
+
+def test_a_quantised_checkpoint_tensor_or_an_unreadable_source_is_refused(tiny, tmp_path):
+    """An FP8 tensor would need its block scales (DeepSeek-V3's checkpoint): refused, never cast."""
+    tensors = full_tensors(tiny)
+    params = param_slices(tiny, tp=2, tp_rank=0, layers=LAYERS, embedding_rows=2)
+    target = params[1]
+    name = target.sources[0].tensor
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    folder = write_checkpoint(tmp_path / "fp8", tensors)
+    with pytest.raises(CaseInputError, match=f"checkpoint tensor {name} is F8_E4M3; .* needs a BF16"):
+        load_slice(folder, target)
+    unreadable = dataclasses.replace(target, unsupported_source="stored fused and interleaved")
+    with pytest.raises(CaseInputError, match="its checkpoint values cannot be read: stored fused and interleaved"):
+        load_slice(folder, unreadable)

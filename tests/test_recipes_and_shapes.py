@@ -228,7 +228,7 @@ def test_an_unknown_attention_kind_is_refused_naming_the_known_ones(gemma):
 
 
 def test_an_unknown_model_is_refused_naming_it():
-    with pytest.raises(RecipeError, match="^model No-Such-Model: no model facts at "):
+    with pytest.raises(RecipeError, match="^model No-Such-Model: the suite has no model facts for it .*--model-config"):
         load_model("No-Such-Model")
 
 

@@ -37,12 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from correctness.attention.inputs import CAPTURE_FORMAT, CAPTURE_FORMAT_VERSION, checkpoint_file
 from correctness.attention.lever import checkpoint_layers
-from correctness.errors import CaseInputError, CorrectnessError, RecipeError, ShapeError
-from correctness.models import ModelFacts, load_model
+from correctness.errors import CaseInputError, CorrectnessError, ShapeError
+from correctness.models import ModelFacts, facts_for, load_facts
 from correctness.recipes import Recipe
 from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, attention_shape
 
@@ -122,22 +121,10 @@ class CaptureResult:
 
 
 def load_model_facts(recipe: Recipe, path: str | Path | None = None) -> ModelFacts:
-    """The recipe model's facts: fixtures/models/<model>.yaml, or the file at `path` (for a model
-    the fixtures do not hold, such as the tests' tiny model). Its name must be the recipe's model."""
-    if path is None:
-        return load_model(recipe.model)
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise RecipeError(f"model facts {path}: cannot be read ({error.strerror})") from None
-    except yaml.YAMLError:
-        raise RecipeError(f"model facts {path}: malformed YAML") from None
-    if not isinstance(data, dict) or data.get("name") != recipe.model:
-        raise RecipeError(f"model facts {path}: its name field does not read {recipe.model!r} (the recipe's model)")
-    if not isinstance(data.get("short_name"), str):
-        raise RecipeError(f"model facts {path}: missing field short_name")
-    return ModelFacts(name=recipe.model, short_name=data["short_name"], data=data)
+    """The recipe model's facts: the suite's own (correctness.models.load_model), or those in the
+    file at `path` (a facts file or a config.json, for a model the suite has none of, such as the
+    tests' tiny model). They must be for the recipe's model."""
+    return facts_for(recipe.model, None if path is None else load_facts(path))
 
 
 def default_layers(model: ModelFacts) -> tuple[int, ...]:

@@ -11,6 +11,16 @@ On the CPU the path computes exactly that, an FP32 product of the BF16 values ro
 (`LowPrecisionGemm`): a CPU without BF16 hardware emulates torch's BF16 bmm some 20x slower, and
 its result would depend on the host's BF16 support. The errors against FP64 are the same to three
 significant figures (README: the attention lever's CPU tier).
+
+Features TE's unfused path has or that the models' own eager code adds, in the same numerics:
+- a logit softcap c (Gemma 2) as transformers' Gemma 2 eager attention applies it: c tanh(logits / c)
+  on the scaled logits in their dtype, before the mask (TE has none);
+- sinks as TE's unfused path with softmax_type "learnable" (and transformers' GPT-OSS): the sink
+  logit in the logits' dtype concatenated to the logits as one more column, masked with them, the
+  FP32 softmax over both, the sink's column dropped. dsink is the gradient of the sink logits upcast
+  to FP32 (TE keeps `softmax_offset` in FP32); in the sink's column it passes through the
+  logits' dtype, as in TE;
+- V of its own head dim (MLA) needs nothing: the second GEMM takes it as it is.
 """
 
 from dataclasses import dataclass
@@ -71,18 +81,35 @@ class EagerUnfused:
         kh = to_heads_first(shape, k).repeat_interleave(shape.gqa_ratio, dim=1)
         vh = to_heads_first(shape, v).repeat_interleave(shape.gqa_ratio, dim=1)
         batch, heads, n, dim = qh.shape
-        q3, k3, v3 = (x.reshape(batch * heads, n, dim) for x in (qh, kh, vh))
+        q3, k3 = (x.reshape(batch * heads, n, dim) for x in (qh, kh))
+        v3 = vh.reshape(batch * heads, n, vh.shape[-1])
         logits = gemm(q3, k3.transpose(1, 2), alpha=shape.softmax_scale)
+        if shape.softcap is not None:
+            logits = torch.tanh(logits / shape.softcap) * shape.softcap
         masked = logits.float().masked_fill(~self.visible(shape, q.device), MASKED_LOGIT)
-        probabilities = torch.softmax(masked, dim=-1).to(q.dtype)
-        out = from_heads_first(shape, gemm(probabilities, v3).reshape(batch, heads, n, dim))
+        sinks = None
+        if inputs.sinks is not None:
+            sinks = inputs.sinks.detach().float().requires_grad_()
+            column = sinks.to(q.dtype).reshape(1, heads, 1, 1).expand(batch, heads, n, 1).reshape(batch * heads, n, 1)
+            masked = torch.cat((masked, column.float()), dim=-1)
+        probabilities = torch.softmax(masked, dim=-1)
+        if sinks is not None:
+            probabilities = probabilities[..., :-1]
+        out = gemm(probabilities.to(q.dtype), v3).reshape(batch, heads, n, vh.shape[-1])
+        out = from_heads_first(shape, out)
         out.backward(inputs.grad_out)
+        tensors = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        if sinks is not None:
+            tensors["dsink"] = sinks.grad
         return PathOutput(
-            tensors={"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad},
+            tensors=tensors,
             backend="eager-unfused",
             details={
                 "logits_dtype": str(q.dtype).removeprefix("torch."),
                 "softmax": "float32",
                 "gemm": "fp32 product rounded" if q.device.type == "cpu" else "torch bmm",
+                **({"softcap": f"{shape.softcap:g} tanh(logits / {shape.softcap:g}) in the logits' dtype"}
+                   if shape.softcap is not None else {}),
+                **({"sinks": "one more logit column, dropped after the softmax"} if sinks is not None else {}),
             },
         )

@@ -8,10 +8,11 @@ whole tensor.
 
 Invariant: a query the mask leaves a single key (the first token of each row under a causal mask;
 every token under a window of one) attends that key with probability exactly 1, so its output is
-that key's value. A kernel may rescale by exp(s - max) and 1/l with FP32 rounding (relative 1e-7),
-which a BF16 or FP16 output rounds back to the value itself, so the check is exact there; an FP32
-output is not checked. A wrong head-to-group mapping, a wrong mask at a row start or a softmax
-that leaks weight to masked keys breaks it.
+that key's value (not with sinks: the sink takes part of that probability). A kernel may rescale
+by exp(s - max) and 1/l with FP32 rounding (relative 1e-7), which a BF16 or FP16 output rounds back
+to the value itself, so the check is exact there; an FP32 output is not checked. A wrong
+head-to-group mapping, a wrong mask at a row start or a softmax that leaks weight to masked keys
+breaks it.
 
 Not checked: packed rows equal to the same rows run alone. No kernel here promises it (torch's
 flash CPU kernel splits a packed sequence's keys into other blocks than a lone row's, and its dk
@@ -33,8 +34,8 @@ EXACT_DTYPES = ("bf16", "fp16")
 
 def single_key_positions(shape) -> list[int] | None:
     """Tokens (in the layout's sequence: per batch row for BSHD, packed for THD) that see only
-    themselves; None where no such rule applies (not causal, or keys to the right visible)."""
-    if not shape.causal or (shape.window is not None and shape.window[1] > 0):
+    themselves; None where no such rule applies (not causal, keys to the right visible, or sinks)."""
+    if not shape.causal or (shape.window is not None and shape.window[1] > 0) or shape.sinks:
         return None
     starts = shape.cu_seqlens[:-1] if shape.qkv_format == "thd" else (0,)
     ends = shape.cu_seqlens[1:] if shape.qkv_format == "thd" else (shape.seq_len,)

@@ -7,13 +7,16 @@ Tiers, each a Lever of its own:
 - the recipe's GPU ("h100"): recipe scale; TE's auto backend against TE's forced unfused backend.
 
 Cases: two seeded model-like synthetic cases per layer kind, one window-edge case per windowed
-kind (all required), and four captured checkpoint cases (the first and last layer of each kind),
-optional: they skip without a folder of captures (made by `correctness capture-attention`).
+kind and one beyond-cap case per softcapped kind (all required), and four captured checkpoint cases
+(the first and last layer of each kind), optional: they skip without a folder of captures (made by
+`correctness capture-attention`).
 Negative controls: the candidate with a window one key too wide and one key too narrow (on the
-window-edge case, whose inputs make both edges decisive), and with the softmax scale
-1/sqrt(head_dim) where the model uses another (Gemma: 1.0). Every tensor is judged whole and per
-head and block of 128 positions; a single visible key must give its value exactly
-(correctness/attention/judging.py).
+window-edge case, whose inputs make both edges decisive), with the softmax scale 1/sqrt(head_dim)
+where the model uses another (Gemma: 1.0; Gemma 2's query_pre_attn_scalar ** -0.5 too) and 1.0
+where it uses 1/sqrt(head_dim), without the logit softcap (on the beyond-cap case) and without the
+sinks (dsink then zero, as a kernel that ignores them gives; on every case with sinks). Every
+tensor is judged whole and per head and block of 128 positions; a single visible key must give its
+value exactly where there are no sinks (correctness/attention/judging.py).
 
 On the recipe's GPU each case expects the TE backend the recipe says runs on its layer kind
 (correctness/attention/claims.py); where TE's auto choice is the default's own unfused kernel the
@@ -24,6 +27,8 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import torch
+
 from correctness.attention.claims import expected_te_backends
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
@@ -33,7 +38,7 @@ from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
 from correctness import tiers
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, Tier
-from correctness.models import ModelFacts, load_model
+from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
 
@@ -41,6 +46,7 @@ NAME = "attention-backend"
 VERSION = 2  # 2: the recipe's backend claim per layer kind, "no kernel change", optional checkpoint cases
 SYNTHETIC_SEEDS = (0, 1)
 WINDOW_EDGE_SEED = 0
+BEYOND_CAP_SEED = 0
 CHECKPOINT_GRAD_SEED = 0
 GPU_SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 
@@ -60,7 +66,7 @@ def synthetic_case(shape: AttentionShape, seed: int, variant: str, expected_back
 
 def checkpoint_layers(model: ModelFacts, kind: str) -> tuple[int, ...]:
     """The checkpoint cases' layers of one kind: its first and its last (one where they coincide)."""
-    layers = model.layers_of_kind(kind)
+    layers = model.attention_layers(kind)
     return tuple(dict.fromkeys((layers[0], layers[-1])))
 
 
@@ -98,6 +104,8 @@ def attention_cases(
         cases += [synthetic_case(shape, seed, "model-like", expected.get(kind)) for seed in SYNTHETIC_SEEDS]
         if shape.window is not None:
             cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge", expected.get(kind)))
+        if shape.softcap is not None:
+            cases.append(synthetic_case(shape, BEYOND_CAP_SEED, "beyond-cap", expected.get(kind)))
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
         recipe_groups = model.attention_kind(kind).kv_heads // recipe.tp
@@ -149,6 +157,26 @@ def _window_control(name: str, mutation: str, change: Callable[[AttentionShape],
                    why_inapplicable=window_control_inapplicable)
 
 
+def softcap_control_inapplicable(case: Case) -> str | None:
+    """Model-like logits (RMS about softmax_scale sqrt(head_dim): Gemma 2's 1 against a cap of 50)
+    stay where tanh is the identity to a part in thousands: ignoring the cap there changes nothing
+    the bound could see. The beyond-cap case, whose logits reach past the cap, carries the control."""
+    if case.shape.softcap is None:
+        return f"{case.shape.layer_kind} layers have no logit softcap"
+    if case.variant != "beyond-cap":
+        return f"{case.variant} logits stay far below the cap; the beyond-cap case carries this control"
+    return None
+
+
+def sink_control_inapplicable(case: Case) -> str | None:
+    return None if case.shape.sinks else f"{case.shape.layer_kind} layers have no attention sinks"
+
+
+def zero_dsink(inputs: AttentionInputs, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a path that ignores the sinks gives for their gradient: zero (they do not change its output)."""
+    return {**tensors, "dsink": torch.zeros(inputs.shape.heads, dtype=torch.float32, device=tensors["out"].device)}
+
+
 def controls(candidate: Implementation) -> tuple[Control, ...]:
     return (
         _window_control("window off by one", "window one key too wide", window_too_wide, candidate),
@@ -161,6 +189,18 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
                 mutate=lambda inputs: inputs.with_shape(softmax_scale=wrong_scale(inputs.shape)),
             ),
         ),
+        Control(
+            name="softcap ignored",
+            path=Mutated(base=candidate, mutation="no logit softcap",
+                         mutate=lambda inputs: inputs.with_shape(softcap=None)),
+            why_inapplicable=softcap_control_inapplicable,
+        ),
+        Control(
+            name="sink ignored",
+            path=Mutated(base=candidate, mutation="no attention sinks",
+                         mutate=lambda inputs: inputs.without_sinks(), change_outputs=zero_dsink),
+            why_inapplicable=sink_control_inapplicable,
+        ),
     )
 
 
@@ -169,14 +209,14 @@ def attention_backend_lever(
     description: str, claims: bool = False,
 ) -> Lever:
     """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
-    model = load_model(recipe.model)
+    model = facts_for(recipe.model, options.model)
     expected = expected_te_backends(recipe, model) if claims else {}
     return Lever(
         name=NAME,
         version=VERSION,
         tier=tier,
         description=description,
-        recipe=recipe.ref,
+        recipe=recipe.ref_for(model),
         cases=attention_cases(recipe, model, scale, options, expected),
         candidate=candidate,
         default=default,

@@ -20,10 +20,10 @@ from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
 from correctness import tiers
-from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, PathOutput, Tier
-from correctness.models import load_model
+from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, Mutated, NotApplicable, PathOutput, Tier
+from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
-from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape
+from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape, qkv_format
 
 NAME = "thd-packing"
 VERSION = 1
@@ -37,7 +37,8 @@ GPU_SDPA_BACKENDS = ("efficient", "cudnn")  # flash takes no mask, and packed ro
 
 @dataclass(frozen=True)
 class PerRow:
-    """A path run on each packed row on its own, in BSHD, its outputs packed back: no packing."""
+    """A path run on each packed row on its own, in BSHD, its outputs packed back (dsink, a sum over
+    every query, summed over the rows): no packing."""
 
     base: Implementation
 
@@ -57,13 +58,15 @@ class PerRow:
                 k=inputs.k[start:end].unsqueeze(0),
                 v=inputs.v[start:end].unsqueeze(0),
                 grad_out=inputs.grad_out[start:end].unsqueeze(0),
+                sinks=inputs.sinks,
             )
             output = self.base.run(row)
             backends[output.backend] = None
             for name, tensor in output.tensors.items():
-                pieces.setdefault(name, []).append(tensor.squeeze(0))
+                pieces.setdefault(name, []).append(tensor if name == "dsink" else tensor.squeeze(0))
         return PathOutput(
-            tensors={name: torch.cat(parts) for name, parts in pieces.items()},
+            tensors={name: torch.stack(parts).sum(dim=0) if name == "dsink" else torch.cat(parts)
+                     for name, parts in pieces.items()},
             backend=" | ".join(backends) + f", {len(bounds) - 1} rows one at a time",
             details={"rows": len(bounds) - 1},
         )
@@ -109,9 +112,11 @@ def packing_controls(candidate: Implementation) -> tuple[Control, ...]:
 
 
 def packing_lever(
-    *, recipe: Recipe, tier: Tier, scale: Scale, packed: Implementation, description: str
+    *, recipe: Recipe, tier: Tier, scale: Scale, packed: Implementation, description: str, options: LeverOptions
 ) -> Lever:
-    model = load_model(recipe.model)
+    model = facts_for(recipe.model, options.model)
+    if qkv_format(recipe) != "thd":
+        raise NotApplicable(f"recipe {recipe.id} does not pack rows (its attention runs BSHD, not THD)")
     cases = []
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
@@ -119,7 +124,7 @@ def packing_lever(
             continue
         cases += [packing_case(shape, seed) for seed in SEEDS]
     return Lever(
-        name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref,
+        name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref_for(model),
         cases=tuple(cases), candidate=packed, default=PerRow(packed), reference=Fp64Reference(),
         controls=packing_controls(packed), slicing=SLICING, invariants=(SINGLE_KEY_ROWS,),
     )
@@ -131,7 +136,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
         packing_lever(
             recipe=recipe, tier=tiers.CPU, scale=PACKING_SMOKE_SCALE, packed=path,
             description=f"{label} over two packed rows (THD) against the same rows one at a time (BSHD)"
-            " and an FP64 reference",
+            " and an FP64 reference", options=options,
         )
         for path, label in ((Sdpa("flash"), "torch SDPA's flash CPU kernel"), (EagerUnfused(), "eager unfused attention"))
     ]
@@ -143,7 +148,7 @@ def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
         packing_lever(
             recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, packed=Sdpa(backend),
             description=f"torch SDPA's {backend} backend over packed rows (THD) against the same rows one at a"
-            " time (BSHD) and an FP64 reference",
+            " time (BSHD) and an FP64 reference", options=options,
         )
         for backend in GPU_SDPA_BACKENDS
     ]
@@ -155,7 +160,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
         packing_lever(
             recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE, packed=TransformerEngine(backend),
             description=f"TE's {backend} attention over two packed rows (THD) against the same rows one at a time"
-            " (BSHD) and an FP64 reference",
+            " (BSHD) and an FP64 reference", options=options,
         )
         for backend in ("auto", "fused")
     ]

@@ -22,5 +22,7 @@ class Fp64Reference:
             causal=shape.causal,
             window=shape.window,
             cu_seqlens=shape.cu_seqlens,
+            softcap=shape.softcap,
+            sinks=inputs.sinks,
         )
         return PathOutput(tensors=tensors, backend="fp64-reference (query-blocked)", details={"dtype": "float64"})

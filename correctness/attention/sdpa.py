@@ -5,8 +5,25 @@ Only the forced backend is enabled, so a call either runs it or fails. Only torc
 unavailable for the case (PathUnavailable); out-of-memory and any other kernel error fail it. On the CPU "flash" is torch's
 flash-attention CPU kernel. Windows and THD rows are given as a boolean mask; plain causal BSHD
 uses is_causal. GQA is native (enable_gqa) where the backend takes it, else K and V are repeated.
+
+Features SDPA has no argument for:
+- a logit softcap: SDPA cannot apply one, so the path refuses a softcap case (PathUnavailable);
+- V of another head dim than q and k (MLA): tried as it is; where the backend refuses it (the flash
+  kernels want one head dim), q, k and v are zero-padded to the larger head dim and the output
+  sliced back (`equal_head_dims`): zero columns of q and k add nothing to a logit, V's only add output
+  columns that are dropped, so the attention computed is the same;
+- sinks, on the flash CPU kernel only: one extra key after the sequence, visible to every query,
+  whose key and value vectors are zero and whose logit is the head's sink logit, given in a float
+  mask (0 where visible, -inf where not; [1, heads, tokens, tokens + 1] in the inputs' dtype, which
+  holds the sinks exactly). SDPA gives no gradient for a mask, so dsink = -sum over queries of
+  p_sink * D, in FP32, with p_sink = exp(sink - LSE) from the kernel's own FP32 log-sum-exp and
+  D = dO . O from its output: what a flash kernel's backward computes for a sink. The kernel is
+  called as aten._scaled_dot_product_flash_attention_for_cpu, the op SDPA runs for that backend,
+  which also returns the LSE. Elsewhere the path refuses sinks: a probability read back through an
+  output column would be rounded to BF16, which makes dsink's error about twice the default's.
 """
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -57,50 +74,104 @@ class Sdpa:
     def name(self) -> str:
         return f"sdpa-{self.backend}"
 
-    def _attend(self, inputs: AttentionInputs, q, k, v, gqa_native: bool) -> torch.Tensor:
+    def _attend(self, inputs: AttentionInputs, q, k, v, gqa_native: bool, equal_head_dims: bool):
+        """The output in the inputs' layout, and with sinks the kernel's LSE [batch, heads, tokens]."""
         shape = inputs.shape
-        plain_causal = uses_is_causal(shape)
-        mask = None if plain_causal else visible_keys(shape, q.device)
         qh, kh, vh = (to_heads_first(shape, x) for x in (q, k, v))
+        value_dim = vh.shape[-1]
+        if equal_head_dims:
+            width = max(qh.shape[-1], value_dim)
+            qh, kh, vh = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (qh, kh, vh))
         if not gqa_native and shape.gqa_ratio > 1:
             kh = kh.repeat_interleave(shape.gqa_ratio, dim=1)
             vh = vh.repeat_interleave(shape.gqa_ratio, dim=1)
-        with sdpa_kernel([BACKENDS[self.backend]]):
-            out = F.scaled_dot_product_attention(
-                qh,
-                kh,
-                vh,
-                attn_mask=mask,
-                is_causal=plain_causal,
-                scale=shape.softmax_scale,
-                enable_gqa=gqa_native and shape.gqa_ratio > 1,
+        lse = None
+        if inputs.sinks is None:
+            plain_causal = uses_is_causal(shape)
+            with sdpa_kernel([BACKENDS[self.backend]]):
+                out = F.scaled_dot_product_attention(
+                    qh,
+                    kh,
+                    vh,
+                    attn_mask=None if plain_causal else visible_keys(shape, q.device),
+                    is_causal=plain_causal,
+                    scale=shape.softmax_scale,
+                    enable_gqa=gqa_native and shape.gqa_ratio > 1,
+                )
+        else:
+            visible = visible_keys(shape, q.device)
+            tokens = visible.shape[0]
+            mask = torch.zeros(1, shape.heads, tokens, tokens + 1, dtype=q.dtype, device=q.device)
+            mask[..., :tokens].masked_fill_(~visible, -math.inf)
+            mask[..., tokens] = inputs.sinks.to(q.dtype)[:, None]
+            kh, vh = (torch.cat((x, x.new_zeros(*x.shape[:2], 1, x.shape[-1])), dim=2) for x in (kh, vh))
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qh, kh, vh, attn_mask=mask, scale=shape.softmax_scale
             )
-        return from_heads_first(shape, out)
+        if out.shape[-1] > value_dim:
+            out = out[..., :value_dim]
+        return from_heads_first(shape, out), lse
 
     def run(self, inputs: AttentionInputs) -> PathOutput:
+        shape = inputs.shape
+        device = inputs.q.device.type
+        if shape.softcap is not None:
+            raise PathUnavailable(
+                f"torch SDPA {self.backend} cannot apply a logit softcap ({shape.id}: softcap {shape.softcap:g});"
+                " scaled_dot_product_attention has no softcap argument"
+            )
+        sinks = inputs.sinks is not None
+        if sinks and (self.backend, device) != ("flash", "cpu"):
+            raise PathUnavailable(
+                f"torch SDPA {self.backend} on {device} refuses {shape.id}: SDPA has no sinks, and this path"
+                " emulates them (with dsink from the kernel's log-sum-exp) only on the flash CPU kernel"
+            )
+        # Tried in order until one runs: native GQA, repeated K/V; then the same with equal head dims
+        # where V has another head dim than q and k. The flash CPU kernel called directly (sinks)
+        # refuses nothing: it gets equal head dims at once.
+        other_dims = shape.v_head_dim != shape.head_dim
+        attempts = [(True, False), (False, False)] + ([(True, True), (False, True)] if other_dims else [])
+        if sinks:
+            attempts = [(True, other_dims)]
         refusals = []
-        for gqa_native in (True, False):
+        for gqa_native, equal_head_dims in attempts:
             q, k, v = (x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    out = self._attend(inputs, q, k, v, gqa_native)
+                    out, lse = self._attend(inputs, q, k, v, gqa_native, equal_head_dims)
                 except RuntimeError as error:
                     if not refusal(error):
                         raise
                     reasons = "; ".join(str(w.message) for w in caught) or str(error)
-                    refusals.append(f"{'enable_gqa' if gqa_native else 'repeated K/V'}: {reasons}")
+                    how = "enable_gqa" if gqa_native else "repeated K/V"
+                    refusals.append(f"{how}{', equal head dims' if equal_head_dims else ''}: {reasons}")
                     continue
             out.backward(inputs.grad_out)
-            device = q.device.type
-            return PathOutput(
-                tensors={"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad},
-                backend=f"{self.name} ({device} kernel)",
-                details={
-                    "sdpa_backend": BACKENDS[self.backend].name,
-                    "device": device,
-                    "gqa": "enable_gqa" if gqa_native else "repeat_interleave",
-                    "mask": "is_causal" if uses_is_causal(inputs.shape) else "boolean",
-                },
-            )
-        raise PathUnavailable(f"torch SDPA {self.backend} refuses {inputs.shape.id}: {' | '.join(refusals)}")
+            tensors = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+            details = {
+                "sdpa_backend": BACKENDS[self.backend].name,
+                "device": device,
+                "gqa": "enable_gqa" if gqa_native else "repeat_interleave",
+                "mask": "float, with the sinks' column" if sinks else (
+                    "is_causal" if uses_is_causal(shape) else "boolean"),
+            }
+            if equal_head_dims:
+                details["equal_head_dims"] = (
+                    f"q, k ({shape.head_dim}) and v ({shape.v_head_dim}) zero-padded to one head dim,"
+                    " the output sliced back"
+                )
+            if sinks:
+                sink_probability = from_heads_first(shape, (inputs.sinks.float()[:, None] - lse).exp().unsqueeze(-1))
+                tensors["dsink"] = sink_gradient(shape, sink_probability.squeeze(-1), tensors["out"], inputs.grad_out)
+                details["sinks"] = ("a zero key with the sink logit in a float mask; dsink from exp(sink - LSE)"
+                                    " and dO . O in FP32")
+            return PathOutput(tensors=tensors, backend=f"{self.name} ({device} kernel)", details=details)
+        raise PathUnavailable(f"torch SDPA {self.backend} refuses {shape.id}: {' | '.join(refusals)}")
+
+
+def sink_gradient(shape, sink_probability: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """dsink_h = -sum over the queries of head h of p_sink * (dO . O), in FP32: [heads]."""
+    delta = (grad_out.float() * out.float()).sum(dim=-1)  # [..., tokens, heads]
+    products = sink_probability.float() * delta
+    return -products.reshape(-1, shape.heads).sum(dim=0)

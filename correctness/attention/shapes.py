@@ -39,7 +39,8 @@ SMOKE_SCALE = Scale(name="smoke", kv_groups=2, seq_len=768, past_window=256, row
 @dataclass(frozen=True, kw_only=True)
 class AttentionShape:
     """Self-attention at one rank: BSHD tensors [batch, seq_len, heads, head_dim] (THD packs the
-    batch's rows into one sequence of batch * seq_len tokens with cumulative lengths)."""
+    batch's rows into one sequence of batch * seq_len tokens with cumulative lengths); V, the
+    output and its gradient have v_head_dim."""
 
     model: str  # the model's short name
     layer_kind: str
@@ -59,8 +60,15 @@ class AttentionShape:
     # THD only: the packed rows' cumulative lengths where they are not `batch` rows of `seq_len` each
     # (a control that moves a row boundary sets them).
     boundaries: tuple[int, ...] | None = None
+    v_head_dim: int | None = None  # None: head_dim (set so when the shape is made)
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap), after the scale, before the mask
+    sinks: bool = False  # a learned logit per query head in the softmax's denominator (the inputs carry them)
 
     def __post_init__(self):
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        if self.softcap is not None and not self.softcap > 0:
+            raise ShapeError(f"attention shape {self.id}: softcap {self.softcap} must be positive")
         if self.heads % self.groups:
             raise ShapeError(f"attention shape {self.id}: {self.heads} heads do not divide into {self.groups} groups")
         if self.qkv_format not in ("bshd", "thd"):
@@ -104,11 +112,14 @@ class AttentionShape:
 
     @property
     def id(self) -> str:
-        """Readable and stable: gemma4-31b-sliding-s1280-h4-g2-d256-w1024-bf16."""
+        """Readable and stable: gemma4-31b-sliding-s1280-h4-g2-d256-w1024-bf16; a value head dim of its
+        own, a softcap and sinks add -dv128, -cap50 and -sink."""
         rows = "" if self.batch == 1 else f"-b{self.batch}{self.qkv_format}"
+        value = "" if self.v_head_dim in (None, self.head_dim) else f"-dv{self.v_head_dim}"
+        cap = "" if self.softcap is None else f"-cap{self.softcap:g}"
         return (
             f"{self.model}-{self.layer_kind}-s{self.seq_len}{rows}-h{self.heads}-g{self.groups}"
-            f"-d{self.head_dim}-{self.window_text}-{self.dtype}"
+            f"-d{self.head_dim}{value}-{self.window_text}{cap}{'-sink' if self.sinks else ''}-{self.dtype}"
         )
 
     def with_changes(self, **changes: Any) -> "AttentionShape":
@@ -169,9 +180,12 @@ def attention_shape(
         heads=groups * gqa_ratio,
         groups=groups,
         head_dim=facts.head_dim,
+        v_head_dim=facts.v_head_dim,
         window=window,
         causal=True,
         softmax_scale=facts.softmax_scale,
+        softcap=facts.logit_softcap,
+        sinks=facts.sinks,
         dtype=precision,
         qkv_format=qkv_format(recipe),
     )

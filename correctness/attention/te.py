@@ -9,6 +9,24 @@ and after. Which backend actually ran is read back from that cache. Needs TE 2.3
 A refusal is only TE's own "no backend for this configuration" signal (TE 2.17: the ValueError
 DotProductAttention raises when backend selection finds none, dot_product_attention.py 1699-1704);
 a cuDNN error, out-of-memory, an assertion or a forced backend that did not run fails the case.
+
+Model features, as TE 2.17 has them (read in its source at the v2.17 tag):
+- logit softcap (Gemma 2): no TE backend has one. DotProductAttention takes no softcap (only its
+  context-parallel code passes flash-attn softcap=0.0), and the experimental cuDNN `score_mod`
+  callback, which could express one, "is mutually exclusive with masks, bias, ALiBi, sink attention,
+  dropout, FP8, context parallelism, THD format" (forward's docstring), so no causal or windowed
+  softcap: the path refuses a softcap case (PathUnavailable), and the case skips.
+- sinks (GPT-OSS): softmax_type="learnable" (TE 2.8 and newer), whose parameter `softmax_offset`
+  ([heads], FP32) the path fills with the case's sink logits and whose gradient it reads (dsink).
+  FusedAttention (cuDNN) and UnfusedDotProductAttention take it, FlashAttention does not (utils.py
+  get_attention_backend, "Filter: Softmax type"); FusedAttention takes it in FP8 only on sm100 with
+  cuDNN 9.21 or newer, for THD only with cuDNN 9.18 or newer, and not where determinism is asked
+  for (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 or torch.use_deterministic_algorithms). The unfused
+  backend rounds the sink to the logits' dtype (backends.py: softmax_offset.to(matmul_result.dtype));
+  the sinks here are already in that dtype.
+- V of its own head dim (MLA): kv_channels=(head_dim, v_head_dim). FusedAttention takes it with
+  separate q, k, v tensors (layout hd_hd_hd, as here); FlashAttention 2 pads the head dims to one
+  (_pad_qkv_head_dim), FlashAttention 3 takes (192, 128) (utils.py "Filter: Head dimension").
 """
 
 import contextlib
@@ -138,21 +156,31 @@ class TransformerEngine:
         return te_backend_name(self.backend)
 
     def run(self, inputs: AttentionInputs) -> PathOutput:
-        te, cache = import_transformer_engine()
         shape = inputs.shape
+        if shape.softcap is not None:
+            raise PathUnavailable(
+                f"TE {self.backend} cannot apply a logit softcap ({shape.id}: softcap {shape.softcap:g}):"
+                " Transformer Engine 2.17's DotProductAttention has no softcap on any backend"
+            )
+        te, cache = import_transformer_engine()
         thd = shape.qkv_format == "thd"
+        sinks = inputs.sinks is not None
         window = shape.window if shape.window is not None else (-1, 0 if shape.causal else -1)
         mask_type = ("padding_causal" if thd else "causal") if shape.causal else ("padding" if thd else "no_mask")
         module = te.DotProductAttention(
             num_attention_heads=shape.heads,
-            kv_channels=shape.head_dim,
+            kv_channels=shape.head_dim if shape.v_head_dim == shape.head_dim else (shape.head_dim, shape.v_head_dim),
             num_gqa_groups=shape.groups,
             attention_dropout=0.0,
             qkv_format=shape.qkv_format,
             attn_mask_type=mask_type,
             window_size=window,
             softmax_scale=shape.softmax_scale,
+            **({"softmax_type": "learnable"} if sinks else {}),  # TE 2.8 and newer
         ).train()  # TE chooses backends that support backward from the training flag
+        if sinks:
+            with torch.no_grad():
+                module.softmax_offset.copy_(inputs.sinks.float())
         packing: dict[str, Any] = {}
         if thd:
             cu_seqlens = torch.tensor(shape.cu_seqlens, dtype=torch.int32, device=inputs.q.device)
@@ -181,9 +209,15 @@ class TransformerEngine:
             out.backward(inputs.grad_out)
         if self.backend != "auto" and ran != self.backend:
             raise CorrectnessError(f"TE was forced to {self.backend} but ran {ran} on {shape.id}")
+        tensors = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        if sinks:
+            if module.softmax_offset.grad is None:
+                raise CorrectnessError(f"TE {ran} gave no gradient for its sink logits (softmax_offset) on {shape.id}")
+            tensors["dsink"] = module.softmax_offset.grad.detach().float()
         return PathOutput(
-            tensors={"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad},
+            tensors=tensors,
             backend=te_backend_name(ran) + (f" ({sub['fused_attention_backend']})" if ran == "fused" else ""),
             details={"requested": self.backend, "ran": ran, **sub, "mask_type": mask_type,
-                     "window_size": list(window), **te_versions()},
+                     "window_size": list(window), **({"softmax_type": "learnable"} if sinks else {}),
+                     **te_versions()},
         )

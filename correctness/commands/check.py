@@ -1,6 +1,6 @@
 """One verdict for a recipe: configuration, component tests, convergence.
 
-    correctness check RECIPE.yaml [--reference REFERENCE.yaml] [--json]
+    correctness check RECIPE.yaml [--reference REFERENCE.yaml] [--model-config CONFIG] [--json]
 
 Validates the recipe against the schema, classes its changed training arguments against its
 reference (as `correctness classify`), lists the component test each numerics change needs and
@@ -18,10 +18,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE.yaml")
     parser.add_argument("--reference", metavar="REFERENCE.yaml",
                         help="the reference's run script (default: fixtures/references/<recipe id>.yaml)")
+    parser.add_argument("--model-config", metavar="CONFIG",
+                        help="the model's Hugging Face config.json or facts file, for a model the suite has no facts of")
 
 
 def run(args) -> int:
-    result = check_recipe(args.recipe, args.reference)
+    result = check_recipe(args.recipe, args.reference, args.model_config)
     claimed = f" (the recipe says {result.claimed})" if result.claimed and result.claimed != result.verdict else ""
     lines = [f"check {result.recipe}: {result.verdict.upper()}{claimed}"]
     rows = [[finding.part, finding.status, finding.detail] for finding in result.findings]

@@ -1,9 +1,12 @@
 """Run a recipe's component tests (pytest underneath, the same markers) and write their records.
 
     correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--results-dir DIR] [--workers N]
-                    [--checkpoint-cases DIR] [--model-checkpoint DIR] [--json] [-- PYTEST ARGS...]
+                    [--model-config CONFIG] [--checkpoint-cases DIR] [--model-checkpoint DIR]
+                    [--json] [-- PYTEST ARGS...]
 
-Selects the levers for the recipe's model and GPU, with shapes taken from RECIPE.yaml. `auto` runs
+Runs every component test on RECIPE.yaml, with shapes taken from it and from its model's facts: the
+suite's own (fixtures/models, fixtures/configs), or those of --model-config (the model's Hugging Face
+config.json). A lever that does not apply to the recipe (offload where it does not offload) skips. `auto` runs
 the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and the CPU tiers
 otherwise (those without a marker that only CUDA tiers carry, Megatron's optimizer on the CPU
 included); both expressions are built from the tiers (correctness.tiers). With several GPUs the
@@ -39,7 +42,7 @@ import torch
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
-from correctness.models import load_model
+from correctness.models import facts_for, load_facts
 from correctness.recipes import load_recipe, validate_recipe
 from correctness.tiers import GPU, GPU_MARKERS, cuda_only_markers, recipe_gpu_tier  # not via the plugin: see tiers.py
 
@@ -59,6 +62,9 @@ def add_arguments(parser) -> None:
                         help="pytest-xdist workers, 0 or more (default: one per GPU where there are several)")
     parser.add_argument("--checkpoint-cases", help="folder of captured attention inputs")
     parser.add_argument("--model-checkpoint", help="the model's Hugging Face checkpoint folder")
+    parser.add_argument("--model-config", metavar="CONFIG",
+                        help="the model's Hugging Face config.json (or its folder, or a facts file from"
+                        " `correctness model-facts`), for a model the suite has no facts of")
     parser.add_argument("--strict-systematic", action="store_true",
                         help="fail a case whose candidate shows a systematic error (scale slope or offset)")
 
@@ -173,13 +179,13 @@ def run(args) -> int:
     recipe = load_recipe(args.recipe)
     validate_recipe(recipe.data, recipe.id)
     try:
-        load_model(recipe.model)
+        facts_for(recipe.model, load_facts(args.model_config) if args.model_config else None)
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error}") from None
     results = writable_folder(Path(args.results_dir) if args.results_dir else default_results())
     selection = markers(recipe, args.tier)
     selected = [str(COMPONENT_TESTS), "-p", PLUGIN, "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
-    for option in ("checkpoint_cases", "model_checkpoint"):
+    for option in ("checkpoint_cases", "model_checkpoint", "model_config"):
         value = getattr(args, option)
         if value:
             selected += [f"--{option.replace('_', '-')}", value]

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput, Tier
-from correctness.models import load_model
+from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
-from correctness.attention.shapes import DTYPES
+from correctness.attention.shapes import DTYPES, qkv_format
 from references.cross_entropy import masked_loss_sum
 
 NAME = "packed-loss"
@@ -112,8 +112,7 @@ class Fp64Loss:
         return PathOutput(tensors=masked_loss_sum(inputs.logits, inputs.labels, inputs.mask), backend=self.name)
 
 
-def loss_shape(recipe: Recipe, scale: str) -> LossShape:
-    model = load_model(recipe.model)
+def loss_shape(recipe: Recipe, model: ModelFacts, scale: str) -> LossShape:
     vocab = int(model.field("vocab_size")) // recipe.tp
     ratio = float(recipe.field("workload.dataset.build.supervised_token_ratio"))
     sizes = {"seq_len": recipe.row_tokens, "vocab": vocab} if scale == "recipe" else SMOKE
@@ -123,8 +122,11 @@ def loss_shape(recipe: Recipe, scale: str) -> LossShape:
     )
 
 
-def loss_lever(recipe: Recipe, *, tier: Tier, scale: str) -> Lever:
-    shape = loss_shape(recipe, scale)
+def loss_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions) -> Lever:
+    model = facts_for(recipe.model, options.model)
+    if qkv_format(recipe) != "thd":
+        raise NotApplicable(f"recipe {recipe.id} does not pack rows (its attention runs BSHD, not THD)")
+    shape = loss_shape(recipe, model, scale)
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="learned-logits",
              make_inputs=lambda device, seed=seed: loss_inputs(shape, seed, device))
@@ -133,7 +135,7 @@ def loss_lever(recipe: Recipe, *, tier: Tier, scale: str) -> Lever:
     return Lever(
         name=NAME, version=VERSION, tier=tier,
         description="the per-token loss summed over packed rows against the same sum row by row and an FP64 reference",
-        recipe=recipe.ref, cases=cases,
+        recipe=recipe.ref_for(model), cases=cases,
         candidate=PackedLoss("packed-token-sum"), default=PackedLoss("per-row-token-sum", per_row=True),
         reference=Fp64Loss(),
         controls=(
@@ -144,8 +146,8 @@ def loss_lever(recipe: Recipe, *, tier: Tier, scale: str) -> Lever:
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale="smoke")]
+    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale="smoke", options=options)]
 
 
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale="recipe")]
+    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale="recipe", options=options)]

@@ -48,6 +48,9 @@ def _safe_open(file: Path) -> Any:
     return safe_open(str(file), framework="pt")
 
 
+READABLE_DTYPES = ("BF16", "F16", "F32")  # safetensors dtype names
+
+
 def _read_piece(handle: Any, piece: SourcePiece, param: ParamSlice) -> torch.Tensor:
     part = handle.get_slice(piece.tensor)
     stored = tuple(part.get_shape())
@@ -59,6 +62,12 @@ def _read_piece(handle: Any, piece: SourcePiece, param: ParamSlice) -> torch.Ten
         raise CaseInputError(
             f"checkpoint tensor {piece.tensor} has shape {list(stored)}; {param.name} needs its {piece.text()}"
         )
+    dtype = str(part.get_dtype())
+    if dtype not in READABLE_DTYPES:
+        # An FP8 checkpoint (DeepSeek-V3's) stores block scales beside each weight: cast alone its
+        # values would be wrong by those scales, silently.
+        raise CaseInputError(f"checkpoint tensor {piece.tensor} is {dtype}; {param.name} needs a BF16, FP16 or FP32"
+                             " checkpoint (a quantised one would need its scales)")
     if piece.cols is None:
         return part[piece.rows[0] : piece.rows[1]]
     return part[piece.rows[0] : piece.rows[1], piece.cols[0] : piece.cols[1]]
@@ -66,6 +75,8 @@ def _read_piece(handle: Any, piece: SourcePiece, param: ParamSlice) -> torch.Ten
 
 def load_slice(checkpoint_dir: str | Path, param: ParamSlice) -> torch.Tensor:
     """The slice's values (BF16) read from a Hugging Face safetensors checkpoint, block by block."""
+    if param.unsupported_source:
+        raise CaseInputError(f"{param.name}: its checkpoint values cannot be read: {param.unsupported_source}")
     if not param.sources:
         raise CaseInputError(
             f"{param.name}: {param.scale}-scale slices have no checkpoint values (use synthetic_slice)"

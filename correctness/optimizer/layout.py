@@ -3,10 +3,18 @@
 named_parameters() order) at a `ParamScale` (RECIPE or SMOKE), each with its rank-local shape, kind,
 weight-decay group, optimizer ("dense" or "expert"), the checkpoint blocks it is assembled from
 (`SourcePiece`, read by checkpoint_values) and its synthetic magnitudes (drawn by synthetic_values).
-Everything model-specific comes from the model's fixture (fixtures/models/<name>.yaml): the
-`megatron:` section (names, kinds, layouts, module order; one list for every layer, or one list per
-layer kind for a hybrid model), the `checkpoint:` section (HF tensor names per layer) and the
-`synthetic:` magnitudes."""
+Everything model-specific comes from the model's fixture (fixtures/models/<name>.yaml) or its
+architecture family (correctness/families.yaml): the `megatron:` section (names, kinds, layouts,
+module order; one list for every layer, or one list per layer kind for a hybrid model), the
+`checkpoint:` section (HF tensor names per layer) and the `synthetic:` magnitudes.
+
+Spec keys beyond name, kind and source: the dimensions (`rows`, `cols`, `size`, `parts`, `trailing`:
+symbols of DIMENSIONS), `layout` (qkv-grouped, gate-up, parts), `init` (a synthetic magnitude),
+`if_set` / `if_null` (a dotted model field: the tensor exists only where the field is set / null,
+e.g. MLA's linear_q_proj where attention.mla.q_lora_rank is null), `bias` (on a routed-expert spec:
+the expert's bias, which TE's GroupedLinear registers right after each expert's weight) and
+`unsupported_source` (instead of `source`: why the checkpoint's tensor cannot be read as row blocks;
+the slice then has no `sources` at any scale and `unsupported_source` says why)."""
 
 import math
 from collections.abc import Sequence
@@ -22,6 +30,7 @@ OPTIMIZERS = ("dense", "expert")  # Megatron's chained optimizers, in its order
 DIMENSIONS = (
     "hidden", "ffn", "attention", "head_dim", "mamba_inner", "mamba_heads", "mamba_state_groups",
     "conv_kernel", "experts", "expert_ffn", "latent", "shared_ffn",
+    "query_heads", "attention_v", "mla_q", "q_lora_rank", "kv_lora_rank", "mla_kv_down", "mla_kv_up",
 )
 NORM_GAIN = "norm_gain"  # an `init` naming the fixture's norm gain magnitudes
 
@@ -34,13 +43,14 @@ class ParamScale:
     divisor: int = 1
 
 
-# Scales: RECIPE keeps the model's dimensions. SMOKE divides hidden, FFN, head dims (attention and
-# Mamba), the Mamba state size, the expert, latent and shared-expert FFN sizes and the embedding rows
-# by 16, and keeps head, group and expert counts, the conv kernel, the tensor list, order, kinds and
-# the TP/EP split. For a dense model every 2-D tensor is then 1/256 of its recipe size (norms 1/16),
-# so the offload split falls at the same tensors; tensors with an unscaled dimension (the router's
-# expert rows, Mamba's per-head rows) shrink less, so a hybrid model's split may move. Smoke slices
-# have no checkpoint counterpart (`sources` is empty); use synthetic values.
+# Scales: RECIPE keeps the model's dimensions. SMOKE divides hidden, FFN, head dims (attention,
+# MLA's and Mamba's), MLA's latent ranks, the Mamba state size, the expert, latent and shared-expert
+# FFN sizes and the embedding rows by 16, and keeps head, group and expert counts, the conv kernel,
+# the tensor list, order, kinds and the TP/EP split. For a dense model every 2-D tensor is then
+# 1/256 of its recipe size (norms 1/16), so the offload split falls at the same tensors; tensors with
+# an unscaled dimension (the router's expert rows, Mamba's per-head rows, attention sinks) shrink
+# less, so a hybrid or MoE model's split may move. Smoke slices have no checkpoint counterpart
+# (`sources` is empty); use synthetic values.
 RECIPE = ParamScale(name="recipe")
 SMOKE = ParamScale(name="smoke", divisor=16)
 PARAM_SCALES = {scale.name: scale for scale in (RECIPE, SMOKE)}
@@ -89,6 +99,9 @@ class ParamSlice:
     ep: int = 1
     ep_rank: int = 0
     expert: int | None = None  # a routed expert's global index; None for every other tensor
+    # Why the checkpoint's tensor cannot be read as row blocks (GPT-OSS's fused, interleaved expert
+    # tensors); `sources` is then empty at every scale. None for every tensor that has sources.
+    unsupported_source: str | None = None
 
     @property
     def numel(self) -> int:
@@ -151,18 +164,36 @@ class _Dimensions:
     def _scaled(self, dotted: str, what: str) -> int:
         return _divide(_positive(self.model, dotted), self.scale.divisor, what, self.scale)
 
+    def _attention(self, symbol: str) -> str:
+        """The attention kind this layer kind runs (the layer kind itself, or the model's
+        attention.kind_of_layer entry: Moonlight's dense and moe layers run its global attention)."""
+        attention = None if self.kind is None else self.model.attention_kind_of(self.kind)
+        if attention is None:
+            raise _spec_error(self.model, f"dimension {symbol} needs an attention layer kind, not {self.kind!r}")
+        return attention
+
     def _resolve(self, symbol: str) -> tuple[int, int, str]:
         model = self.model
         if symbol == "hidden":
             value = self._scaled("hidden_size", "hidden size")
         elif symbol == "ffn":
             value = self._scaled("ffn_hidden_size", "FFN hidden size")
-        elif symbol in ("attention", "head_dim"):
-            if self.kind not in model.attention_kinds:
-                raise _spec_error(model, f"dimension {symbol} needs an attention layer kind, not {self.kind!r}")
-            facts = model.attention_kind(self.kind)
-            head_dim = _divide(facts.head_dim, self.scale.divisor, f"{self.kind} head dim", self.scale)
-            value = head_dim if symbol == "head_dim" else facts.query_heads * head_dim
+        elif symbol in ("attention", "head_dim", "query_heads", "attention_v"):
+            attention = self._attention(symbol)
+            facts = model.attention_kind(attention)
+            heads = facts.query_heads
+            if symbol == "query_heads":
+                return heads, heads, "query heads"
+            if symbol == "attention_v":  # the kind's v_head_dim where it has one (MLA), else head_dim
+                v_dim = model.field(f"attention.kinds.{attention}").get("v_head_dim", facts.head_dim)
+                if not _count(v_dim) or v_dim < 1:
+                    raise _spec_error(model, f"field attention.kinds.{attention}.v_head_dim must be a positive integer")
+                v_dim = _divide(v_dim, self.scale.divisor, f"{attention} v head dim", self.scale)
+                return heads * v_dim, heads, "query heads"
+            head_dim = _divide(facts.head_dim, self.scale.divisor, f"{attention} head dim", self.scale)
+            value = head_dim if symbol == "head_dim" else heads * head_dim
+        elif symbol in ("mla_q", "q_lora_rank", "kv_lora_rank", "mla_kv_down", "mla_kv_up"):
+            return self._mla(symbol)
         elif symbol == "mamba_heads":
             heads = _positive(model, "mamba.heads")
             return heads, heads, "Mamba heads"
@@ -184,6 +215,26 @@ class _Dimensions:
             value = self._scaled("moe.shared_expert_ffn_hidden_size", "shared expert FFN hidden size")
         else:
             raise _spec_error(model, f"dimension {symbol!r} is not one of {list(DIMENSIONS)}")
+        return value, value, symbol
+
+    def _mla(self, symbol: str) -> tuple[int, int, str]:
+        """Multi-head latent attention's dimensions (megatron/core/transformer/multi_latent_attention.py,
+        MLASelfAttention): linear_q_proj / linear_q_up_proj rows heads x (qk_nope + qk_rope),
+        linear_kv_down_proj rows kv_lora_rank + qk_rope, linear_kv_up_proj rows heads x (qk_nope +
+        v_head_dim); the ranks are the latent sizes. Heads are the units TP splits."""
+        heads = self.model.attention_kind(self._attention(symbol)).query_heads
+
+        def mla(field: str) -> int:
+            return self._scaled(f"attention.mla.{field}", f"MLA {field}")
+
+        if symbol == "mla_q":
+            return heads * (mla("qk_nope_head_dim") + mla("qk_rope_head_dim")), heads, "query heads"
+        if symbol == "mla_kv_up":
+            return heads * (mla("qk_nope_head_dim") + mla("v_head_dim")), heads, "query heads"
+        if symbol == "mla_kv_down":
+            value = mla("kv_lora_rank") + mla("qk_rope_head_dim")
+            return value, value, symbol
+        value = mla(symbol)  # q_lora_rank, kv_lora_rank
         return value, value, symbol
 
     def entry(self, symbol: str) -> tuple[int, int, str]:
@@ -209,16 +260,20 @@ class _Kind:
 
 
 def _layer_kind(model: ModelFacts, kind: str, scale: ParamScale) -> _Kind:
+    """A layer kind's dimensions, and the geometry of the attention it runs: its own where it is an
+    attention kind (Gemma: sliding, global), `attention.kind_of_layer`'s where it only runs one
+    (Moonlight: dense and moe layers, global attention), none for a layer without attention (Mamba)."""
     dims = _Dimensions(model, kind, scale)
-    if kind not in model.attention_kinds:
+    attention = model.attention_kind_of(kind)
+    if attention is None:
         return _Kind(name=kind, query_heads=0, kv_heads=0, head_dim=0, k_eq_v=False, dims=dims)
-    facts = model.attention_kind(kind)
+    facts = model.attention_kind(attention)
     return _Kind(
         name=kind,
         query_heads=facts.query_heads,
         kv_heads=facts.kv_heads,
         head_dim=dims["head_dim"],
-        k_eq_v=bool(model.field(f"attention.kinds.{kind}").get("k_eq_v", False)),
+        k_eq_v=bool(model.field(f"attention.kinds.{attention}").get("k_eq_v", False)),
         dims=dims,
     )
 
@@ -237,7 +292,23 @@ def _dim(model: ModelFacts, spec: dict[str, Any], key: str, kind: _Kind) -> int:
     return kind.dims[_symbol(model, spec, key, spec[key])]
 
 
+def _unsupported(model: ModelFacts, spec: dict[str, Any]) -> str | None:
+    """The spec's `unsupported_source` reason, or None where it names a `source`."""
+    reason = spec.get("unsupported_source")
+    if reason is None:
+        return None
+    if not isinstance(reason, str) or not reason.strip():
+        raise _spec_error(model, f"megatron tensor {spec.get('name')}: unsupported_source must say why, got {reason!r}")
+    if "source" in spec:
+        raise _spec_error(model, f"megatron tensor {spec.get('name')}: give source or unsupported_source, not both")
+    return reason
+
+
 def _sources(model: ModelFacts, spec: dict[str, Any], roles: Sequence[str]) -> dict[str, str]:
+    """The checkpoint keys of the spec's roles; "" for each where the source is unsupported (the
+    pieces naming them are dropped)."""
+    if _unsupported(model, spec) is not None:
+        return {role: "" for role in roles}
     source = spec.get("source")
     if len(roles) == 1 and isinstance(source, str):
         return {roles[0]: source}
@@ -276,7 +347,17 @@ def _trailing(model: ModelFacts, spec: dict[str, Any], kind: _Kind) -> tuple[int
 #   splits over TP on its own and rank r holds its share of every part, in order. A part of Mamba
 #   heads or groups must give every rank whole heads or groups (MambaMixer's asserts).
 # - linear_proj, linear_fc2, out_proj (row-parallel): all output rows, input columns r/t .. (r+1)/t.
-# - replicated ("duplicated" TELinear, the MoE router): whole on every TP rank.
+# - linear_qkv.bias (column-parallel, "qkv-grouped" without cols; GPT-OSS): the same rows as the
+#   weight's, one value each (Bridge's QKVMapping merges q, k and v biases as it merges weights).
+# - a row-parallel tensor's bias (`size`; GPT-OSS's linear_proj.bias): whole on every TP rank (Bridge's
+#   RowParallelMapping: "bias (1D) is replicated across tp ranks"; TE adds it after the reduction).
+# - column-parallel per-head vectors (`parts: [query_heads]`; GPT-OSS's attention sinks, TE
+#   DotProductAttention's `softmax_offset`, [heads / t]): rank r holds heads r*H/t .. (r+1)*H/t - 1.
+# - MLA (multi_latent_attention.py MLASelfAttention, TE spec): linear_q_proj, linear_q_up_proj and
+#   linear_kv_up_proj are column-parallel (split by heads), linear_q_down_proj and
+#   linear_kv_down_proj are TELinear with parallel_mode "duplicated" (whole on every rank, kind
+#   replicated), linear_proj row-parallel over heads x v_head_dim.
+# - replicated ("duplicated" TELinear, the MoE router and its bias): whole on every TP rank.
 # - the embedding (vocab-parallel): rank r holds vocabulary rows r*V/t .. (r+1)*V/t - 1; a test takes
 #   its first `embedding_rows` of them. Megatron pads V to a multiple of 128 x t; a vocabulary that
 #   does not divide evenly is refused rather than modelled.
@@ -285,11 +366,14 @@ def _trailing(model: ModelFacts, spec: dict[str, Any], kind: _Kind) -> tuple[int
 #   e*N .. (e+1)*N - 1, N = experts / EP, as local experts 0..N-1, whole at ETP 1 (ETP > 1 is
 #   refused, not modelled). With EP > 1 Megatron marks them `allreduce=False` and puts them in its
 #   separate expert-parallel optimizer (megatron/core/optimizer/__init__.py `get_megatron_optimizer`);
-#   at EP 1 they stay in the dense one.
+#   at EP 1 they stay in the dense one. A gated expert's linear_fc1 ("gate-up") is [gate; up], each
+#   expert_ffn rows (Bridge's GatedMLPMapping at expert TP 1). With biases (GPT-OSS), TE's
+#   GroupedLinear registers weight{i} then bias{i} for each local expert i in turn (`bias` below).
 def _qkv_grouped(
-    model: ModelFacts, spec: dict[str, Any], hf, kind: _Kind, cols: int, tp: int, tp_rank: int
+    model: ModelFacts, spec: dict[str, Any], hf, kind: _Kind, cols: int | None, tp: int, tp_rank: int
 ) -> tuple[tuple[int, ...], list[SourcePiece]]:
-    """Rank `tp_rank`'s rows of the fused [q heads, k, v] per group tensor, split evenly by rows."""
+    """Rank `tp_rank`'s rows of the fused [q heads, k, v] per group tensor, split evenly by rows
+    (a weight with `cols` columns, or a bias with none)."""
     source = _sources(model, spec, ["q", "k", "v"])
     q_name, k_name = hf(source["q"]), hf(source["k"])
     v_name = k_name if kind.k_eq_v else hf(source["v"])
@@ -319,8 +403,9 @@ def _qkv_grouped(
             lo, hi = max(start, base + low), min(stop, base + high)
             if lo < hi:
                 rows = (first + lo - base - low, first + hi - base - low)
-                pieces.append(SourcePiece(tensor=tensor, rows=rows, cols=(0, cols), at=lo - start))
-    return (local, cols), pieces
+                columns = None if cols is None else (0, cols)
+                pieces.append(SourcePiece(tensor=tensor, rows=rows, cols=columns, at=lo - start))
+    return ((local,) if cols is None else (local, cols)), pieces
 
 
 def _parts(
@@ -356,7 +441,7 @@ def _layer_tensor(
     name, tensor_kind = spec.get("name"), spec.get("kind")
 
     def hf(key: str) -> str:
-        return checkpoint_tensor(model, key, layer)
+        return checkpoint_tensor(model, key, layer) if key else ""  # "": an unsupported source
 
     if tensor_kind in ("norm", "replicated") and "size" in spec:
         size = _dim(model, spec, "size", kind)
@@ -369,6 +454,10 @@ def _layer_tensor(
         return (rows, cols), cols, [SourcePiece(tensor=weight, rows=(0, rows), cols=(0, cols), at=0)]
     if tensor_kind == "norm":
         _dim(model, spec, "size", kind)  # names the missing size
+    if tensor_kind == "row-parallel" and "size" in spec:  # its bias: whole on every TP rank
+        size = _dim(model, spec, "size", kind)
+        tensor = hf(_sources(model, spec, ["bias"])["bias"])
+        return (size,), None, [SourcePiece(tensor=tensor, rows=(0, size), cols=None, at=0)]
     if tensor_kind == "row-parallel":
         rows, cols = _dim(model, spec, "rows", kind), _dim(model, spec, "cols", kind)
         local = _split(cols, tp, f"{name}: input features")
@@ -381,6 +470,9 @@ def _layer_tensor(
     layout = spec.get("layout", "parts" if "parts" in spec else None)
     if layout == "parts":
         return _parts(model, spec, hf, kind, tp, tp_rank)
+    if layout == "qkv-grouped" and "cols" not in spec:  # the fused q|k|v bias
+        shape, pieces = _qkv_grouped(model, spec, hf, kind, None, tp, tp_rank)
+        return shape, None, pieces
     cols = _dim(model, spec, "cols", kind)
     if layout == "qkv-grouped":
         shape, pieces = _qkv_grouped(model, spec, hf, kind, cols, tp, tp_rank)
@@ -443,7 +535,21 @@ def _layer_specs(model: ModelFacts, kind: str) -> list[dict[str, Any]]:
     for spec in specs:
         if not isinstance(spec.get("name"), str) or not spec["name"]:
             raise _spec_error(model, f"megatron.layer_tensors entry {spec!r} has no name")
-    return specs
+    return [spec for spec in specs if _present(model, spec)]
+
+
+def _present(model: ModelFacts, spec: dict[str, Any]) -> bool:
+    """Whether the model has the tensor: `if_set` / `if_null` name a field that must be set / null
+    (DeepSeek-V3's linear_q_down_proj where attention.mla.q_lora_rank is set, Moonlight's
+    linear_q_proj where it is null); a spec with neither is always present."""
+    present = True
+    for key, want_set in (("if_set", True), ("if_null", False)):
+        if key in spec:
+            dotted = spec[key]
+            if not isinstance(dotted, str) or not dotted:
+                raise _spec_error(model, f"megatron tensor {spec['name']}: {key} must name a field, got {dotted!r}")
+            present = present and (model.field(dotted) is not None) == want_set
+    return present
 
 
 def layer_kinds(model: ModelFacts) -> tuple[str, ...]:
@@ -514,7 +620,8 @@ def param_slices(
     gain_mean, gain_std, embedding_std = _synthetic_magnitudes(model)
     with_sources = scale.divisor == 1
 
-    def make(index, name, shape, layer, layer_kind, kind, fan_in, pieces, init=None, expert=None) -> ParamSlice:
+    def make(index, name, shape, layer, layer_kind, kind, fan_in, pieces, init=None, expert=None,
+             unsupported=None) -> ParamSlice:
         if init is not None:
             mean, std = init
         elif kind == "norm":
@@ -528,10 +635,10 @@ def param_slices(
         return ParamSlice(
             name=name, shape=tuple(shape), layer=layer, layer_kind=layer_kind, kind=kind,
             weight_decay=len(shape) >= 2 and not name.endswith(".bias"), index=index,
-            sources=tuple(pieces) if with_sources else (), fan_in=fan_in, init_mean=mean, init_std=std,
-            tp=tp, tp_rank=tp_rank, scale=scale.name,
+            sources=tuple(pieces) if with_sources and unsupported is None else (), fan_in=fan_in,
+            init_mean=mean, init_std=std, tp=tp, tp_rank=tp_rank, scale=scale.name,
             optimizer="expert" if expert is not None and ep > 1 else "dense",
-            ep=ep, ep_rank=ep_rank, expert=expert,
+            ep=ep, ep_rank=ep_rank, expert=expert, unsupported_source=unsupported,
         )
 
     embedding = model.field("megatron.embedding")
@@ -552,33 +659,67 @@ def param_slices(
         for spec in _layer_specs(model, kind_name):
             init = _init(model, spec)
             if spec.get("kind") == "expert":
-                for expert, name, shape, fan_in, pieces in _experts(model, spec, layer, kind, ep, ep_rank):
+                for expert, part, name, shape, fan_in, pieces in _experts(model, spec, layer, kind, ep, ep_rank):
                     slices.append(make(len(slices), prefix.format(layer=layer) + name, shape, layer, kind_name,
-                                       "expert", fan_in, pieces, init, expert))
+                                       "expert", fan_in, pieces, _init(model, part), expert,
+                                       _unsupported(model, part)))
                 continue
             shape, fan_in, pieces = _layer_tensor(model, spec, layer, kind, tp, tp_rank)
             name = prefix.format(layer=layer) + spec["name"]
-            slices.append(make(len(slices), name, shape, layer, kind_name, spec["kind"], fan_in, pieces, init))
+            slices.append(make(len(slices), name, shape, layer, kind_name, spec["kind"], fan_in, pieces, init,
+                               unsupported=_unsupported(model, spec)))
     return tuple(slices)
 
 
 def _experts(model: ModelFacts, spec: dict[str, Any], layer: int, kind: _Kind, ep: int, ep_rank: int):
-    """The EP rank's local experts of one grouped expert tensor: (global index, local name, shape,
-    fan-in, pieces) each, in local order; whole tensors at ETP 1."""
-    name = spec["name"]
-    if "{expert}" not in name:
-        raise _spec_error(model, f"megatron tensor {name}: an expert tensor's name needs {{expert}}")
+    """The EP rank's local experts of one grouped expert tensor: (global index, the spec it comes
+    from, local name, shape, fan-in, pieces) each, in local order; whole tensors at ETP 1. With a
+    `bias` spec each expert's weight is followed by its bias (TE GroupedLinear's registration order:
+    weight0, bias0, weight1, bias1, ...)."""
+    parts = [spec]
+    if "bias" in spec:
+        bias = spec["bias"]
+        if not isinstance(bias, dict) or not isinstance(bias.get("name"), str):
+            raise _spec_error(model, f"megatron tensor {spec['name']}: bias must be a tensor spec with a name")
+        parts.append(bias)
+    for part in parts:
+        if "{expert}" not in part["name"]:
+            raise _spec_error(model, f"megatron tensor {part['name']}: an expert tensor's name needs {{expert}}")
     experts = kind.dims["experts"]
     if experts % ep:
         raise ShapeError(f"{model.name}: {experts} experts do not split evenly over EP {ep}")
     local = experts // ep
-    rows, cols = _dim(model, spec, "rows", kind), _dim(model, spec, "cols", kind)
-    key = _sources(model, spec, ["weight"])["weight"]
+    tensors = [_expert_tensor(model, part, kind) for part in parts]
     out = []
     for index in range(local):
         expert = ep_rank * local + index
-        tensor = checkpoint_tensor(model, key, layer, expert)
-        piece = SourcePiece(tensor=tensor, rows=(0, rows), cols=(0, cols), at=0)
-        out.append((expert, name.format(expert=index), (rows, cols), cols, [piece]))
+        for part, (shape, fan_in, blocks) in zip(parts, tensors):
+            pieces = [
+                SourcePiece(tensor=checkpoint_tensor(model, key, layer, expert), rows=rows, cols=cols, at=at)
+                for key, rows, cols, at in blocks if key
+            ]
+            out.append((expert, part, part["name"].format(expert=index), shape, fan_in, pieces))
     return out
+
+
+def _expert_tensor(model: ModelFacts, spec: dict[str, Any], kind: _Kind):
+    """One routed expert's tensor, whole (ETP 1): its shape, fan-in and checkpoint blocks (key, rows,
+    cols, at). A weight has `rows` and `cols`, a bias `size`; "gate-up" stacks gate's rows, then
+    up's (each `rows` or `size` long)."""
+    layout = spec.get("layout")
+    if layout not in (None, "gate-up"):
+        raise _spec_error(model, f"megatron tensor {spec['name']}: an expert's layout {layout!r} is not 'gate-up'")
+    if "size" in spec:
+        rows, cols = _dim(model, spec, "size", kind), None
+    else:
+        rows, cols = _dim(model, spec, "rows", kind), _dim(model, spec, "cols", kind)
+    columns = None if cols is None else (0, cols)
+    if layout == "gate-up":
+        source = _sources(model, spec, ["gate", "up"])
+        blocks = [(source["gate"], (0, rows), columns, 0), (source["up"], (0, rows), columns, rows)]
+        rows *= 2
+    else:
+        blocks = [(_sources(model, spec, ["weight"])["weight"], (0, rows), columns, 0)]
+    shape = (rows,) if cols is None else (rows, cols)
+    return shape, cols, blocks
 

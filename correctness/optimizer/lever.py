@@ -24,8 +24,10 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, Implementation, Streamed, Tier
-from correctness.models import ModelFacts, load_model
+from correctness.lever import (
+    Case, Control, Implementation, Invariant, Lever, LeverOptions, Mutated, NotApplicable, Streamed, Tier,
+)
+from correctness.models import ModelFacts, facts_for
 from correctness.optimizer.checkpoint_values import load_slice
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
@@ -119,7 +121,9 @@ class OffloadSetting:
 
 def offload_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) -> OffloadSetting:
     recipe = lever_recipe(recipe_id, options.recipe)
-    model = load_model(recipe.model)
+    if recipe.argument("--optimizer-cpu-offload") is None:
+        raise NotApplicable(f"recipe {recipe.id} does not offload the optimizer (no --optimizer-cpu-offload)")
+    model = facts_for(recipe.model, options.model)
     config = optimizer_config(recipe)
     slices = recipe_slices(recipe, model, scale)
     return OffloadSetting(
@@ -304,7 +308,7 @@ def offload_lever(
     FP64 reference, with the three negative controls."""
     join = AllUnits if candidate.whole else (lambda path: path)
     return Lever(
-        name=NAME, version=VERSION, tier=tier, description=describe(setting), recipe=setting.recipe.ref,
+        name=NAME, version=VERSION, tier=tier, description=describe(setting), recipe=setting.recipe.ref_for(setting.model),
         cases=offload_cases(setting, options, whole=candidate.whole), candidate=candidate.path,
         default=join(TorchAdamW()), reference=join(Fp64AdamW()),
         controls=(

@@ -1,0 +1,39 @@
+"""Write a model's facts from its Hugging Face config.json.
+
+    correctness model-facts CONFIG [--output FACTS.yaml] [--json]
+
+CONFIG is a config.json or a folder holding one; the model's name is that folder's name, which a
+recipe's `model:` must match. The facts come from the config's own fields and from its
+architecture family's entry in correctness/families.yaml (correctness/model_config.py); they are
+what fixtures/models/<name>.yaml holds for the seed models. Without --output they are printed;
+with it they are written atomically (an existing file is replaced only once the facts were made).
+`--model-config` (pytest and `correctness run`) takes the config itself or the file written here.
+
+Exit status: 0 written; 2 a config the facts cannot be made from (a missing or contradictory
+field, an unknown architecture or layer type: one line naming it), nothing written.
+"""
+
+from pathlib import Path
+
+from correctness.commands import EXIT_OK, emit
+from correctness.errors import RecipeError
+from correctness.files import replace_file
+from correctness.model_config import facts_from_config, facts_text
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", metavar="CONFIG", help="a Hugging Face config.json, or a folder holding one")
+    parser.add_argument("--output", "-o", metavar="FACTS.yaml", help="write the facts here (default: print them)")
+
+
+def run(args) -> int:
+    facts = facts_from_config(args.config)
+    text = facts_text(facts)
+    if args.output:
+        path = Path(args.output)
+        replace_file(path, text.encode("utf-8"), f"model facts {path}", RecipeError)
+        emit(args, [f"model facts for {facts['name']} ({facts['family']}) written to {path}"],
+             {"model": facts["name"], "family": facts["family"], "output": str(path), "facts": facts})
+    else:
+        emit(args, [text.rstrip("\n")], facts)
+    return EXIT_OK

@@ -1,0 +1,47 @@
+"""A recipe of each of five more architectures runs the CPU tier from its Hugging Face config alone:
+`correctness run RECIPE --model-config CONFIG` (and pytest with the same options underneath), with
+every shape derived from the recipe and the config (fixtures/configs/, fixtures/recipes/)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from correctness.fixtures import CONFIGS_DIR, recipe_path
+from correctness.model_config import read_config
+
+RECIPES = (
+    "llama-3.1-8b/h100/example-tp2-pp1-offload05",
+    "qwen3-32b/h100/example-tp4-pp2-offload08",
+    "qwen3-30b-a3b/h100/example-tp2-ep4-offload07",
+    "gpt-oss-20b/h100/example-tp2-ep4-offload06",
+    "moonlight-16b-a3b/h100/example-tp2-ep4-offload07",
+)
+
+
+def model_of(recipe_id: str) -> str:
+    return yaml.safe_load(recipe_path(recipe_id).read_text())["model"]
+
+
+@pytest.mark.parametrize("recipe_id", RECIPES)
+def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
+    model = model_of(recipe_id)
+    config = CONFIGS_DIR / model / "config.json"
+    finished = subprocess.run(
+        [sys.executable, "-m", "correctness.cli", "run", str(recipe_path(recipe_id)), "--tier", "cpu",
+         "--model-config", str(config), "--results-dir", str(tmp_path), "--json", "--", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-6000:]
+    summary = json.loads(finished.stdout)
+    verdicts = {record["lever"]: record["verdict"] for record in summary["records"]}
+    assert verdicts.get("attention-backend") == "pass", verdicts
+    assert verdicts.get("optimizer-offload") == "pass", verdicts
+    sha256 = read_config(config).sha256
+    for record in summary["records"]:
+        data = json.loads(open(record["path"]).read())
+        assert data["recipe"]["model"] == model
+        assert data["recipe"]["model_facts_sha256"] == sha256
+        assert data["recipe"]["model_facts"].endswith(f"{model}/config.json")
