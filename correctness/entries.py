@@ -74,14 +74,22 @@ def bound_sentence(tensor: TensorComparison, rule: Mapping[str, Any]) -> str:
 
 
 def controls_sentence(record: LeverRecord) -> str:
-    names = record.lever["controls"]
+    """The controls that ran on some case, whether they fail, and those that applied to no case
+    (a window control on a model without windows): never counted as failing."""
     applied = [control for case in record.ran_cases() for control in case.controls if control.judgement is not None]
+    names = [name for name in record.lever["controls"] if any(control.name == name for control in applied)]
+    unused = [name for name in record.lever["controls"] if name not in names]
     failing = all(control.fails_bound for control in applied)
     powers = [control.power for control in applied]
-    verb = "fail" if failing else "do not all fail"
     least = f", by {min(powers):.1f} x the bound at the least" if powers and failing else ""
-    listed = and_list(names)
-    return f"a repeat of the default passes and the {count(len(names))} negative controls ({listed}) {verb}{least}"
+    if len(names) == 1:
+        what, verb = "negative control", "fails" if failing else "does not fail"
+    else:
+        what, verb = "negative controls", "fail" if failing else "do not all fail"
+    sentence = f"a repeat of the default passes and the {count(len(names))} {what} ({and_list(names)}) {verb}{least}"
+    if unused:
+        sentence += f" ({and_list(unused)}: no case here they apply to)"
+    return sentence
 
 
 def evidence_sentence(record: LeverRecord) -> str:

@@ -3,6 +3,7 @@
 every shape derived from the recipe and the config (fixtures/configs/, fixtures/recipes/)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -45,3 +46,22 @@ def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
         assert data["recipe"]["model"] == model
         assert data["recipe"]["model_facts_sha256"] == sha256
         assert data["recipe"]["model_facts"].endswith(f"{model}/config.json")
+
+    # Attached, the entries name the controls that ran and those that applied to no case.
+    copy = tmp_path / "recipe.yaml"
+    copy.write_bytes(recipe_path(recipe_id).read_bytes())
+    paths = [record["path"] for record in summary["records"]]
+    attached = subprocess.run([sys.executable, "-m", "correctness.cli", "attach", *paths, str(copy)],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert attached.returncode == 0, attached.stderr
+    entries = yaml.safe_load(copy.read_text())["correctness"]["component_tests"]
+    (attention,) = [entry for entry in entries if "attention" in entry["test"] and "packed" not in entry["test"]]
+    assert "wrong softmax scale" in attention["detail"]
+    if not summary_has_window(summary):
+        assert re.search(r"\(window off by one, window one short.*: no case here they apply to\)", attention["detail"])
+
+
+def summary_has_window(summary) -> bool:
+    record = next(r for r in summary["records"] if r["lever"] == "attention-backend")
+    data = json.loads(open(record["path"]).read())
+    return any(case["shape"]["window"] for case in data["cases"])
