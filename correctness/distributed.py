@@ -1,0 +1,150 @@
+"""Run a function on several ranks of a torch.distributed process group, on the CPU (gloo).
+
+`run_ranks(function, world_size, *args)` spawns `world_size` processes; each joins one gloo group
+and returns `function(rank, world_size, *args)`, and the caller gets the ranks' results in rank
+order. This is how a CPU tier runs upstream code whose numerics include collectives (Megatron's
+vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) without a GPU.
+
+- The group meets through a file in a fresh temporary folder (`file://` init), not a TCP port, so
+  pytest-xdist workers and concurrent runs never collide.
+- A rank that raises ends the run: every rank is stopped, and DistributedError names the rank and
+  its exception in one line. A run that outlives `timeout` seconds (a rank stuck in a collective its
+  peers never reach) is stopped the same way. Children are daemonic: they die with the caller.
+- Each rank runs torch on `threads` CPU threads (default 1): N ranks on a 2-core machine would
+  otherwise start N x cores threads.
+- `function` must be importable by name (a module-level function): spawned processes import it.
+  Results travel back pickled; return CPU tensors, numbers or plain data.
+"""
+
+import multiprocessing
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from correctness.errors import CorrectnessError
+
+DEFAULT_TIMEOUT = 300.0  # seconds for the whole run, start-up included
+
+
+class DistributedError(CorrectnessError):
+    """A rank raised, died or did not finish in time."""
+
+
+def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: str, threads: int,
+               results: Any, args: tuple[Any, ...]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+        try:
+            results.put((rank, True, function(rank, world_size, *args)))
+        except BaseException as error:  # reported before the group goes down and breaks the peers'
+            results.put((rank, False, _one_line(error)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as error:
+        results.put((rank, False, _one_line(error)))
+
+
+def _one_line(error: BaseException) -> str:
+    last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+    where = f" ({last[0].filename.rsplit('/', 1)[-1]}:{last[0].lineno})" if last else ""
+    return " ".join(f"{type(error).__name__}: {error}{where}".split())
+
+
+def run_ranks(function: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT,
+              threads: int = 1) -> list[Any]:
+    """function(rank, world_size, *args) on each of `world_size` gloo ranks; their results in rank order."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world size must be a positive integer, got {world_size!r}")
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory(prefix="correctness-gloo-") as folder:
+        store = os.path.join(folder, "store")
+        processes = [
+            context.Process(target=_rank_main, args=(function, rank, world_size, store, threads, results, args),
+                            daemon=True, name=f"correctness-rank-{rank}")
+            for rank in range(world_size)
+        ]
+        for process in processes:
+            process.start()
+        try:
+            values = _collect(processes, results, world_size, timeout, getattr(function, "__name__", "function"))
+        except BaseException:
+            _stop(processes, wait=0)
+            raise
+        finally:
+            results.close()
+        _stop(processes, wait=5)
+        return values
+
+
+def _collect(processes, results, world_size: int, timeout: float, name: str) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    values: dict[int, Any] = {}
+    while len(values) < world_size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missing = sorted(set(range(world_size)) - set(values))
+            raise DistributedError(f"{name} on {world_size} gloo ranks: ranks {missing} did not finish within {timeout:g} s")
+        try:
+            rank, ok, value = results.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            dead = _dead(processes, values)
+            if dead:
+                raise DistributedError(f"{name} on {world_size} gloo ranks: {dead}")
+            continue
+        if not ok:
+            # A rank that fails takes its peers' connections down with it: wait a moment for the
+            # cause (a rank that died, or raised first) and name it before the broken connections.
+            errors = [(rank, value)] + _more_errors(results, 0.5)
+            errors.sort(key=lambda error: TRANSPORT_ERROR in error[1])
+            dead = _dead(processes, values, reported={rank for rank, _ in errors})
+            first_rank, first = errors[0]
+            cause = f"{dead}; then " if dead else ""
+            raise DistributedError(f"{name} on {world_size} gloo ranks: {cause}rank {first_rank} raised {first}")
+        values[rank] = value
+    return [values[rank] for rank in range(world_size)]
+
+
+TRANSPORT_ERROR = "gloo/transport"  # in the message of a rank whose peer went away
+
+
+def _more_errors(results, seconds: float) -> list[tuple[int, str]]:
+    errors, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            rank, ok, value = results.get(timeout=left)
+        except queue.Empty:
+            break
+        if not ok:
+            errors.append((rank, value))
+    return errors
+
+
+def _dead(processes, values: dict[int, Any], reported: set[int] = frozenset()) -> str | None:
+    """"rank R died (exit code C)" for the first rank that ended without a result, or None."""
+    for rank, process in enumerate(processes):
+        if rank not in values and rank not in reported and not process.is_alive() and process.exitcode not in (0, None):
+            return f"rank {rank} died (exit code {process.exitcode})"
+    return None
+
+
+def _stop(processes, wait: float) -> None:
+    """Join the ranks (waiting up to `wait` seconds for each to exit); stop any still running, by
+    force if need be."""
+    for process in processes:
+        process.join(timeout=wait)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()

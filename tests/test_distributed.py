@@ -1,0 +1,61 @@
+"""correctness.distributed: ranks of a gloo group in spawned processes, stopped on failure and in time."""
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from correctness.distributed import DistributedError, run_ranks
+
+
+def all_reduce_rank(rank, world_size, base):
+    value = torch.tensor([float(base + rank)])
+    dist.all_reduce(value)
+    return value.item(), dist.get_world_size(), torch.get_num_threads()
+
+
+def raise_on_rank_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    dist.barrier()  # rank 0 waits here for a peer that never comes: it must be stopped, not hang
+    return rank
+
+
+def hang(rank, world_size):
+    time.sleep(60)
+
+
+def die_on_rank_zero(rank, world_size):
+    if rank == 0:
+        import os
+
+        os._exit(7)
+    dist.barrier()
+
+
+def test_ranks_join_one_group_and_return_in_rank_order():
+    results = run_ranks(all_reduce_rank, 3, 10)
+    assert results == [(33.0, 3, 1)] * 3  # 10 + 11 + 12, one thread each
+
+
+def test_a_rank_that_raises_stops_every_rank_in_one_line():
+    started = time.monotonic()
+    with pytest.raises(DistributedError, match=r"raise_on_rank_one on 2 gloo ranks: rank 1 raised ValueError: rank one refuses"):
+        run_ranks(raise_on_rank_one, 2, timeout=60)
+    assert time.monotonic() - started < 30
+    assert multiprocessing.active_children() == []  # every rank stopped
+
+
+def test_a_run_past_its_timeout_is_stopped():
+    started = time.monotonic()
+    with pytest.raises(DistributedError, match=r"hang on 2 gloo ranks: ranks \[0, 1\] did not finish within 3 s"):
+        run_ranks(hang, 2, timeout=3)
+    assert time.monotonic() - started < 20
+    assert multiprocessing.active_children() == []
+
+
+def test_a_rank_that_dies_is_named():
+    with pytest.raises(DistributedError, match="rank 0 died .exit code 7."):
+        run_ranks(die_on_rank_zero, 2, timeout=60)
