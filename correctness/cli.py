@@ -21,6 +21,7 @@ from correctness.commands import (
     classify,
     converge,
     drop_stdout,
+    levers,
     model_facts,
     run,
 )
@@ -32,6 +33,7 @@ COMMANDS = {
     "converge": (converge, "check a candidate loss curve against a reference curve"),
     "check": (check, "one verdict for a recipe: configuration, component tests, convergence"),
     "run": (run, "run a recipe's component tests (pytest underneath) and write their records"),
+    "levers": (levers, "list the suite's levers, their tiers and the numerics arguments each covers"),
     "model-facts": (model_facts, "write a model's facts from its Hugging Face config.json"),
     "capture-attention": (
         capture_attention, "capture a trained model's attention inputs for the attention lever's checkpoint cases"

@@ -14,10 +14,16 @@ from correctness.optimizer import entry as offload_entry
 from correctness.optimizer import lever as offload
 
 
+RECIPE_GPU = "recipe-gpu"  # in `tiers`: the recipe's own GPU's tier (h100, h200: correctness.tiers)
+
+
 @dataclass(frozen=True, kw_only=True)
 class KnownLever:
     name: str
     version: int
+    # The tiers its component tests run in (correctness.tiers names; RECIPE_GPU for the recipe GPU's
+    # own); a test holds them equal to what the component tests build.
+    tiers: tuple[str, ...]
     # entry_text(record) -> {shape, detail, note}; None: the generic wording
     entry_text: Callable[[Any], dict[str, str]] | None = None
 
@@ -25,10 +31,12 @@ class KnownLever:
 KNOWN_LEVERS = {
     lever.name: lever
     for lever in (
-        KnownLever(name=attention.NAME, version=attention.VERSION, entry_text=attention_entry.entry_text),
-        KnownLever(name=offload.NAME, version=offload.VERSION, entry_text=offload_entry.entry_text),
-        KnownLever(name=packing.NAME, version=packing.VERSION),
-        KnownLever(name=packed_loss.NAME, version=packed_loss.VERSION),
+        KnownLever(name=attention.NAME, version=attention.VERSION, tiers=("cpu", "gpu", RECIPE_GPU),
+                   entry_text=attention_entry.entry_text),
+        KnownLever(name=offload.NAME, version=offload.VERSION, tiers=("cpu", "megatron-cpu", "megatron", RECIPE_GPU),
+                   entry_text=offload_entry.entry_text),
+        KnownLever(name=packing.NAME, version=packing.VERSION, tiers=("cpu", "gpu", RECIPE_GPU)),
+        KnownLever(name=packed_loss.NAME, version=packed_loss.VERSION, tiers=("cpu", "gpu")),
     )
 }
 

@@ -1,0 +1,52 @@
+"""`correctness levers`: the suite's levers, their tiers and the numerics arguments they cover."""
+
+import io
+import json
+from contextlib import redirect_stdout
+
+import pytest
+
+from correctness.cli import main
+from correctness.classify import load_rules
+from correctness.fixtures import COMPONENT_TESTS_DIR
+from correctness.registry import KNOWN_LEVERS, RECIPE_GPU
+from correctness.tiers import GPU_MARKERS
+
+
+class _Levers:
+    """pytest plugin: the (lever, tier) of every collected component test."""
+
+    def __init__(self):
+        self.tiers: dict[str, set[str]] = {}
+
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            lever = getattr(item, "callspec", None) and item.callspec.params.get("lever")
+            if lever is not None:
+                tier = RECIPE_GPU if lever.tier.name in GPU_MARKERS else lever.tier.name
+                self.tiers.setdefault(lever.name, set()).add(tier)
+
+
+def test_the_declared_tiers_are_those_the_component_tests_build():
+    collected = _Levers()
+    with redirect_stdout(io.StringIO()):
+        status = pytest.main([str(COMPONENT_TESTS_DIR), "--collect-only", "-q", "-p", "no:cacheprovider"],
+                             plugins=[collected])
+    assert status == 0
+    assert collected.tiers == {name: set(lever.tiers) for name, lever in KNOWN_LEVERS.items()}
+
+
+def test_levers_counts_the_numerics_arguments_with_a_lever(capsys):
+    assert main(["levers", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rules = load_rules()
+    numerics = [flag for flag, rule in rules.arguments.items() if rule.klass == "numerics"]
+    assert data["numerics_arguments"] == len(numerics)
+    assert data["covered"] == sum(1 for flag in numerics if rules.arguments[flag].levers)
+    assert data["covered"] + len(data["uncovered"]) == len(numerics)
+    assert [lever["name"] for lever in data["levers"]] == list(KNOWN_LEVERS)
+    offload = next(lever for lever in data["levers"] if lever["name"] == "optimizer-offload")
+    assert "--optimizer-offload-fraction" in offload["arguments"]
+    assert main(["levers"]) == 0
+    out = capsys.readouterr().out
+    assert f"numerics arguments with a lever: {data['covered']} of {data['numerics_arguments']}" in out
