@@ -13,11 +13,12 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
 - Each rank runs torch on `threads` CPU threads (default 1): N ranks on a 2-core machine would
   otherwise start N x cores threads.
 - `function` must be importable by name (a module-level function): spawned processes import it.
-  Results travel back pickled; return CPU tensors, numbers or plain data.
+  Results travel back pickled by value; return CPU tensors, numbers or plain data.
 """
 
 import multiprocessing
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -43,7 +44,9 @@ def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: 
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
         try:
-            results.put((rank, True, function(rank, world_size, *args)))
+            # Pickled by value here: the queue's own pickler would send tensors as shared-memory
+            # handles, which die with this process before the caller has read them.
+            results.put((rank, True, pickle.dumps(function(rank, world_size, *args))))
         except BaseException as error:  # reported before the group goes down and breaks the peers'
             results.put((rank, False, _one_line(error)))
         finally:
@@ -109,7 +112,7 @@ def _collect(processes, results, world_size: int, timeout: float, name: str) -> 
             first_rank, first = errors[0]
             cause = f"{dead}; then " if dead else ""
             raise DistributedError(f"{name} on {world_size} gloo ranks: {cause}rank {first_rank} raised {first}")
-        values[rank] = value
+        values[rank] = pickle.loads(value)
     return [values[rank] for rank in range(world_size)]
 
 

@@ -9,9 +9,12 @@ from typing import Any
 from correctness.attention import entry as attention_entry
 from correctness.attention import lever as attention
 from correctness.attention import packing
+from correctness.attention import softmax_precision
+from correctness.cross_entropy import lever as cross_entropy
 from correctness.loss import packing as packed_loss
 from correctness.optimizer import entry as offload_entry
 from correctness.optimizer import lever as offload
+from correctness.reduction import lever as reduction
 
 
 RECIPE_GPU = "recipe-gpu"  # in `tiers`: the recipe's own GPU's tier (h100, h200: correctness.tiers)
@@ -37,6 +40,10 @@ KNOWN_LEVERS = {
                    entry_text=offload_entry.entry_text),
         KnownLever(name=packing.NAME, version=packing.VERSION, tiers=("cpu", "gpu", RECIPE_GPU)),
         KnownLever(name=packed_loss.NAME, version=packed_loss.VERSION, tiers=("cpu", "gpu")),
+        KnownLever(name=softmax_precision.NAME, version=softmax_precision.VERSION, tiers=("megatron-cpu", "gpu")),
+        KnownLever(name=reduction.NAME, version=reduction.VERSION, tiers=("cpu", "gpu")),
+        KnownLever(name=cross_entropy.NAME, version=cross_entropy.VERSION,
+                   tiers=("megatron-cpu", "megatron", RECIPE_GPU)),
     )
 }
 

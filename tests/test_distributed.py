@@ -16,6 +16,10 @@ def all_reduce_rank(rank, world_size, base):
     return value.item(), dist.get_world_size(), torch.get_num_threads()
 
 
+def large_tensor(rank, world_size, elements):
+    return torch.full((elements,), float(rank))
+
+
 def raise_on_rank_one(rank, world_size):
     if rank == 1:
         raise ValueError("rank one refuses")
@@ -59,3 +63,10 @@ def test_a_run_past_its_timeout_is_stopped():
 def test_a_rank_that_dies_is_named():
     with pytest.raises(DistributedError, match="rank 0 died .exit code 7."):
         run_ranks(die_on_rank_zero, 2, timeout=60)
+
+
+def test_large_tensors_come_back_whole():
+    """By value: a shared-memory handle would die with the rank that made it."""
+    for _ in range(3):
+        first, second = run_ranks(large_tensor, 2, 1 << 20)
+        assert first.shape == (1 << 20,) and bool((first == 0).all()) and bool((second == 1).all())

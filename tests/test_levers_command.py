@@ -18,6 +18,7 @@ class _Levers:
 
     def __init__(self):
         self.tiers: dict[str, set[str]] = {}
+        self.descriptions: dict[str, set[str]] = {}
 
     def pytest_collection_finish(self, session):
         for item in session.items:
@@ -25,15 +26,30 @@ class _Levers:
             if lever is not None:
                 tier = RECIPE_GPU if lever.tier.name in GPU_MARKERS else lever.tier.name
                 self.tiers.setdefault(lever.name, set()).add(tier)
+                self.descriptions.setdefault(lever.name, set()).add(lever.description)
 
 
-def test_the_declared_tiers_are_those_the_component_tests_build():
-    collected = _Levers()
+@pytest.fixture(scope="module")
+def collected():
+    levers = _Levers()
     with redirect_stdout(io.StringIO()):
         status = pytest.main([str(COMPONENT_TESTS_DIR), "--collect-only", "-q", "-p", "no:cacheprovider"],
-                             plugins=[collected])
+                             plugins=[levers])
     assert status == 0
+    return levers
+
+
+def test_the_declared_tiers_are_those_the_component_tests_build(collected):
     assert collected.tiers == {name: set(lever.tiers) for name, lever in KNOWN_LEVERS.items()}
+
+
+def test_every_lever_is_recognised_by_its_entry_titles(collected):
+    """Each component test's title (its lever's description, as attach writes it) matches that
+    lever's patterns in the rules file, and no other lever's."""
+    rules = load_rules()
+    for name, descriptions in collected.descriptions.items():
+        for description in descriptions:
+            assert [lever for lever, rule in rules.levers.items() if rule.matches(description)] == [name], description
 
 
 def test_levers_counts_the_numerics_arguments_with_a_lever(capsys):

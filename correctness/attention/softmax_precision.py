@@ -1,0 +1,172 @@
+"""The attention-softmax-precision lever (`--attention-softmax-in-fp32`, `--no-masked-softmax-fusion`):
+Megatron's own core attention (`DotProductAttention`, correctness/attention/megatron_softmax.py)
+with its softmax in BF16 (candidate: `attention_softmax_in_fp32=False`) against the same module
+with its softmax in FP32 (default: what the seed recipes run, `--attention-softmax-in-fp32`), and
+the FP64 reference, at the recipe's rank-local attention shapes. Candidate and default differ in
+that one flag (in the fusion tier, in masked-softmax fusion alone).
+
+Tiers, each a Lever of its own:
+- "megatron-cpu": smoke scale on the CPU; masked-softmax fusion off (its kernel is CUDA only), so
+  FusedScaleMaskSoftmax takes its torch path, under the CUDA shims of megatron_softmax.py;
+- "gpu" (`gpu_tier`): recipe scale (or a given scale) on a CUDA GPU, masked-softmax fusion as the recipe says
+  (on unless `--no-masked-softmax-fusion`): where Megatron's fused kernel takes the shape (16 < keys
+  <= 4096, ...) it runs for candidate and default alike, reading no precision flag (their backends
+  are then the same: "no kernel change", which must be bitwise identical); elsewhere (Gemma-4's
+  8,192 keys) torch's CUDA softmax runs in the precision the flag says;
+- "gpu" (`fusion_gpu_tier`, not in the component test): the fused kernel against the torch softmax,
+  both FP32 by the flag, at the smoke scale, where the kernel takes the shapes: what
+  `--no-masked-softmax-fusion` changes on a GPU.
+
+Cases: the attention lever's kinds of case, with one model-like seed per layer kind where it has
+two (SEEDS): the window-edge case per windowed kind, the beyond-cap case per softcapped kind and
+the checkpoint cases (optional: they skip without captured inputs). One seed: on the CPU tier the
+two seeds' figures differ by less than 0.2% of the default's error (README), and the tier stays
+near 30 s on two cores. Negative controls, built from the candidate: the attention lever's (window
+one key too wide and one too narrow on the window-edge case, the wrong softmax scale; softcap and
+sinks where a model has them) and this lever's own, the mask ignored (Megatron's mask function
+replaced by one that fills nothing: every query attends every key, the later ones included; with
+masked-softmax fusion off, since the fused kernel takes no mask function). Judged whole and per
+head and block of 128 positions, with the single-key invariant (correctness/attention/judging.py).
+
+Where the flag reaches: only Megatron's local DotProductAttention reads `attention_softmax_in_fp32`
+and `masked_softmax_fusion` (megatron-core 0.16.1: TEDotProductAttention reads neither; TE's
+unfused attention builds its softmax without such a flag and computes it in FP32). A recipe on TE
+attention (both seed recipes: `--attention-backend auto`) runs no code the flags change; this lever
+measures what they change where they take effect, `--attention-backend local` or
+`--transformer-impl local`. With `--apply-query-key-layer-scaling` Megatron forces the softmax to
+FP32 (TransformerConfig), so the lever does not apply.
+"""
+
+from dataclasses import replace
+
+from correctness import tiers
+from correctness.attention import lever as attention
+from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
+from correctness.attention.megatron_softmax import MegatronAttention
+from correctness.attention.reference import Fp64Reference
+from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, Scale, attention_shape
+from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.models import ModelFacts, facts_for
+from correctness.recipes import Recipe, lever_recipe
+
+NAME = "attention-softmax-precision"
+VERSION = 1
+ARGUMENTS = ("--attention-softmax-in-fp32", "--no-masked-softmax-fusion")
+SEEDS = (0,)
+DESCRIPTION = "Megatron's core attention with its softmax in BF16 against its softmax in FP32 and an FP64 reference"
+
+
+def masked_softmax_fusion(recipe: Recipe) -> bool:
+    """Megatron-LM's `masked_softmax_fusion`: on unless the recipe says `--no-masked-softmax-fusion`."""
+    return recipe.argument("--no-masked-softmax-fusion") is None
+
+
+def applies(recipe: Recipe) -> None:
+    """Raises NotApplicable where the recipe leaves the flag no BF16 softmax to choose."""
+    if recipe.argument("--apply-query-key-layer-scaling") is not None:
+        raise NotApplicable(
+            f"recipe {recipe.id}: --apply-query-key-layer-scaling makes Megatron compute the attention softmax"
+            " in FP32 whatever --attention-softmax-in-fp32 says (TransformerConfig)"
+        )
+    if recipe.precision not in ("bf16", "fp16"):
+        raise NotApplicable(f"recipe {recipe.id}: precision {recipe.precision}; the flag applies to BF16 and FP16 inputs")
+
+
+def softmax_cases(recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions) -> tuple[Case, ...]:
+    """The attention lever's kinds of case (attention.attention_cases), model-like at SEEDS only."""
+    cases = []
+    for kind in model.attention_kinds:
+        shape = attention_shape(recipe, model, kind, scale)
+        cases += [attention.synthetic_case(shape, seed, "model-like") for seed in SEEDS]
+        if shape.window is not None:
+            cases.append(attention.synthetic_case(shape, attention.WINDOW_EDGE_SEED, "window-edge"))
+        if shape.softcap is not None:
+            cases.append(attention.synthetic_case(shape, attention.BEYOND_CAP_SEED, "beyond-cap"))
+    for kind in model.attention_kinds:
+        shape = attention_shape(recipe, model, kind, scale)
+        recipe_groups = model.attention_kind(kind).kv_heads // recipe.tp
+        cases += [attention.checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups)
+                  for layer in attention.checkpoint_layers(model, kind)]
+    return tuple(cases)
+
+
+def mask_ignored(candidate: MegatronAttention) -> Control:
+    """The candidate with Megatron's mask function filling nothing (masked keys leak), on
+    FusedScaleMaskSoftmax's torch path: the fused kernel makes its causal mask itself."""
+    return Control(name="mask ignored", path=replace(candidate, mask_ignored=True, masked_softmax_fusion=False))
+
+
+def controls(candidate: MegatronAttention) -> tuple[Control, ...]:
+    return (*attention.controls(candidate), mask_ignored(candidate))
+
+
+def softmax_precision_lever(
+    *, recipe: Recipe, tier: Tier, scale: Scale, candidate: MegatronAttention, default: MegatronAttention,
+    options: LeverOptions, description: str = DESCRIPTION,
+) -> Lever:
+    applies(recipe)
+    model = facts_for(recipe.model, options.model)
+    return Lever(
+        name=NAME,
+        version=VERSION,
+        tier=tier,
+        description=description,
+        recipe=recipe.ref_for(model),
+        cases=softmax_cases(recipe, model, scale, options),
+        candidate=candidate,
+        default=default,
+        reference=Fp64Reference(),
+        controls=controls(candidate),
+        compares_kernels=True,  # on a GPU the fused kernel ignores the flag: "no kernel change"
+        slicing=SLICING,
+        invariants=(SINGLE_KEY_ROWS,),
+    )
+
+
+def cpu_tier(
+    recipe_id: str, options: LeverOptions, candidate: MegatronAttention | None = None, scale: Scale = SMOKE_SCALE,
+) -> list[Lever]:
+    """Smoke scale on the CPU: Megatron's DotProductAttention, FusedScaleMaskSoftmax's torch path,
+    softmax in BF16 (or the given candidate) against FP32."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [
+        softmax_precision_lever(
+            recipe=recipe, tier=tiers.MEGATRON_CPU, scale=scale,
+            candidate=candidate or MegatronAttention(softmax_in_fp32=False),
+            default=MegatronAttention(softmax_in_fp32=True), options=options,
+        )
+    ]
+
+
+def gpu_tier(recipe_id: str, options: LeverOptions, scale: Scale = RECIPE_SCALE) -> list[Lever]:
+    """On a CUDA GPU, masked-softmax fusion as the recipe says: softmax in BF16 against FP32."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    fusion = masked_softmax_fusion(recipe)
+    return [
+        softmax_precision_lever(
+            recipe=recipe, tier=tiers.GPU, scale=scale,
+            candidate=MegatronAttention(softmax_in_fp32=False, masked_softmax_fusion=fusion),
+            default=MegatronAttention(softmax_in_fp32=True, masked_softmax_fusion=fusion), options=options,
+            description=DESCRIPTION + (", masked-softmax fusion on" if fusion else ", masked-softmax fusion off"),
+        )
+    ]
+
+
+FUSION_DESCRIPTION = "Megatron's fused masked-softmax kernel against its core attention's FP32 softmax and an FP64 reference"
+
+
+def fusion_gpu_tier(recipe_id: str, options: LeverOptions, scale: Scale = SMOKE_SCALE) -> list[Lever]:
+    """On a CUDA GPU, what `--no-masked-softmax-fusion` removes: Megatron's fused masked-softmax
+    kernel (fusion on) against its torch softmax (fusion off), both with the FP32 softmax flag. At
+    the smoke scale the kernel takes the shapes (16 < keys <= 4096); at Gemma-4's recipe scale
+    (8,192 keys) it takes none, and every case is "no kernel change". The kernel takes no window
+    (megatron-core 0.16.1, forward_fused_softmax), so on a windowed layer it is expected to fail;
+    where its CUDA extension is not built the cases skip."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [
+        softmax_precision_lever(
+            recipe=recipe, tier=tiers.GPU, scale=scale,
+            candidate=MegatronAttention(softmax_in_fp32=True, masked_softmax_fusion=True),
+            default=MegatronAttention(softmax_in_fp32=True), options=options, description=FUSION_DESCRIPTION,
+        )
+    ]

@@ -1,0 +1,336 @@
+"""The gradient-reduction-dtype lever: Megatron's data-parallel gradient reduction in BF16
+(`--grad-reduce-in-bf16`: DDP's grad_reduce_in_fp32 off, a BF16 grad buffer) against FP32
+(`--accumulate-allreduce-grads-in-fp32`, Megatron-LM's default for BF16 training), and the FP64
+sum of the ranks' FP32 gradients.
+
+Each rank holds its own seeded FP32 gradient of one TP rank's slice of the model's first layer
+(correctness.reduction.plan); the ranks reduce them as Megatron's DDP does (correctness.reduction.ranks:
+the buffer in the reduction dtype, Megatron's pre-scaling, reduce-scatter with the distributed
+optimizer, else all-reduce), over DP 2, 4 and 8 and the recipe's own DP size where it is 1 or at
+most 8. The CPU tier runs torch.distributed on gloo ranks in spawned processes; the GPU tier NCCL,
+one GPU per rank. One run of max(DP) ranks computes every path: subgroups of ranks 0 .. DP-1
+reduce at each DP size, and each rank runs the candidate twice, the default twice and the control
+once, so that a case spawns its ranks once (starting 8 processes costs more than every collective
+of the case together). The paths then read their runs from that one run, in the order the harness
+asks for them; its time is counted on the first path that asks (the candidate).
+
+Judged tensors: each parameter's reduced gradient at each DP size, "dp<N>/<Megatron name>", in
+FP32 (the BF16 result upcast, exactly, as the distributed optimizer's FP32 main grad gets it).
+Secondary reference (recorded, not judged): the FP64 sum of the gradients rounded to BF16, which
+separates the collective's own rounding from the rounding of the gradients into the BF16 buffer.
+
+Negative control: the candidate with one rank's gradient dropped from the sum (in each DP group of 2 or more,
+the rank with the smallest gradients, the hardest one to miss).
+"""
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from correctness import tiers
+from correctness.distributed import run_ranks
+from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.models import facts_for
+from correctness.optimizer.layout import SMOKE, ParamScale, param_slices
+from correctness.recipes import Recipe, lever_recipe
+from correctness.reduction.plan import (
+    DP_SIZES,
+    MAX_RANKS,
+    ReductionPlan,
+    digest,
+    draw_plan,
+    plan_record,
+    rank_gradients,
+    tensor_name,
+    unpack,
+)
+from correctness.reduction.ranks import PATHS, from_portable, reduce_on_ranks
+from correctness.results import CaseResult
+from references.gradient_sum import fp64_sum
+
+NAME = "gradient-reduction-dtype"
+VERSION = 1
+SEEDS = (0,)
+LAYER = 0  # the model's first layer: its tensors (one TP rank's slices) are the buffer
+TP_RANK = 0
+EP_RANK = 0
+TIMEOUT = 240.0  # seconds for a case's ranks, start-up included
+DESCRIPTION = (
+    "the data-parallel gradient reduction in BF16 against FP32 and an FP64 sum of the ranks' gradients,"
+    " over 2, 4 and 8 ranks"
+)
+# Arguments that make Megatron-LM build the distributed optimizer (reduce-scatter): the precision-aware
+# optimizer requires it, and the CPU offload requires the precision-aware optimizer.
+DISTRIBUTED_OPTIMIZER_FLAGS = ("--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReductionShape:
+    model: str
+    scale: str
+    tp_size: int
+    tp_rank: int
+    layer: int
+    layer_kind: str
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    parameters: int  # per rank
+    recipe_dp: int
+    dp_sizes: tuple[int, ...]
+    collective: str
+    collective_because: str
+    per_token_loss: bool
+    recipe_reduces_in: str  # "fp32" or "bf16": what the recipe itself runs
+    backend: str  # "gloo" or "nccl"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        dps = "+".join(str(dp) for dp in self.dp_sizes)
+        return f"{self.model}-tp{self.tp_size}r{self.tp_rank}-layer{self.layer}-{self.scale}-dp{dps}-{self.collective}"
+
+    def record(self) -> dict[str, Any]:
+        fields = asdict(self)
+        fields["tensors"] = [{"name": name, "shape": list(shape)} for name, shape in self.tensors]
+        return {"id": self.id, **fields}
+
+
+@dataclass(eq=False, kw_only=True)
+class ReductionInputs:
+    """A case's inputs: its plan, the ranks' gradients (drawn here again for the reference), and
+    the one distributed run every path reads its results from (made when the first path asks)."""
+
+    shape: ReductionShape
+    plan: ReductionPlan
+    rank_function: Callable[..., dict[str, Any]] = reduce_on_ranks  # module-level: the ranks import it
+    timeout: float = TIMEOUT
+    _gradients: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    _runs: dict[str, list[dict[str, torch.Tensor]]] | None = None
+    _details: dict[str, Any] = field(default_factory=dict)
+    _taken: Counter = field(default_factory=Counter)
+
+    def gradients(self, rank: int) -> dict[str, torch.Tensor]:
+        if rank not in self._gradients:
+            self._gradients[rank] = rank_gradients(self.plan, rank)
+        return self._gradients[rank]
+
+    def take(self, path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
+        """The next run of `path` (candidate, default, control), the run's details, and whether this
+        call made the distributed run."""
+        made = self._runs is None
+        if made:
+            self._runs = self._distributed_run()
+        runs = self._runs[path]
+        index = self._taken[path]
+        if index >= len(runs):
+            raise RuntimeError(f"path {path} asked for run {index + 1}; each rank ran it {len(runs)} times")
+        self._taken[path] += 1
+        return runs[index], dict(self._details, run=index + 1), made
+
+    def _distributed_run(self) -> dict[str, list[dict[str, torch.Tensor]]]:
+        plan = self.plan
+        started = time.perf_counter()
+        ranks = run_ranks(self.rank_function, plan.world_size, plan, timeout=self.timeout)
+        seconds = time.perf_counter() - started
+        for rank, out in enumerate(ranks):
+            if out["digest"] != digest(self.gradients(rank)):
+                raise RuntimeError(f"rank {rank} drew other gradients than the reference sums (digests differ)")
+        runs: dict[str, list[dict[str, torch.Tensor]]] = {}
+        for path, _, count, _ in PATHS:
+            runs[path] = [self._assemble(ranks, path, run) for run in range(count)]
+        self._details = {
+            "ranks": plan.world_size, "dp_sizes": list(plan.dp_sizes), "collective": plan.collective,
+            "backend": self.shape.backend, "distributed_run_seconds": round(seconds, 3),
+            "timing": "one run of the ranks computes every path's collectives; its seconds count on the first path",
+            **({"nccl_version": ranks[0]["nccl_version"]} if "nccl_version" in ranks[0] else {}),
+        }
+        return runs
+
+    def _assemble(self, ranks: list[dict[str, Any]], path: str, run: int) -> dict[str, torch.Tensor]:
+        plan, tensors = self.plan, {}
+        for dp in plan.dp_sizes:
+            pieces = []
+            members = [ranks[rank]["runs"][(dp, path)] for rank in range(dp)]
+            if plan.distributed_optimizer:
+                for member in members:
+                    piece = member["tensors"][run]
+                    pieces.append(from_portable(member["tensors"][0] if piece is None else piece))
+                buffer = torch.cat(pieces)
+            else:
+                first = members[0]["tensors"]
+                buffer = from_portable(first[0] if first[run] is None else first[run])
+                disagree = [rank for rank, member in enumerate(members) if member["digests"][run] != members[0]["digests"][run]]
+                if disagree:
+                    raise RuntimeError(f"DP {dp}, {path} run {run + 1}: the all-reduce left ranks {disagree} with"
+                                       " other values than rank 0")
+            tensors.update(unpack(plan, dp, buffer))
+        return tensors
+
+
+@dataclass(frozen=True)
+class GradSync:
+    """A path: one of the ranks' syncs (correctness.reduction.ranks.PATHS), read from the case's run."""
+
+    name: str
+    path: str  # "candidate", "default" or "control"
+    dtype: str
+
+    def run(self, inputs: ReductionInputs) -> PathOutput:
+        tensors, details, made = inputs.take(self.path)
+        if made:
+            details["plan"] = plan_record(inputs.plan)
+        else:
+            details.pop("distributed_run_seconds", None)
+        return PathOutput(
+            tensors=tensors, backend=f"{inputs.shape.backend} {inputs.plan.collective} {self.dtype}",
+            details={**details, "reduction_dtype": self.dtype},
+        )
+
+
+@dataclass(frozen=True)
+class Fp64Sum:
+    """The FP64 reference: at each DP size, the scaled FP64 sum of ranks 0 .. DP-1's FP32 gradients
+    (`rounded`: of those gradients rounded to BF16 first, the secondary reference)."""
+
+    name: str
+    rounded: bool = False
+
+    def run(self, inputs: ReductionInputs) -> PathOutput:
+        plan, tensors = inputs.plan, {}
+        for dp in plan.dp_sizes:
+            for spec in plan.tensors:
+                grads = [inputs.gradients(rank)[spec.name] for rank in range(dp)]
+                if self.rounded:
+                    grads = [g.to(torch.bfloat16) for g in grads]
+                tensors[tensor_name(dp, spec.name)] = fp64_sum(grads, plan.scaling_factor(dp))
+        return PathOutput(tensors=tensors, backend=self.name)
+
+
+def _pooled(tensors, prefix: str, error: Callable[[Any], float]) -> float:
+    chosen = [t for t in tensors if t.tensor.startswith(prefix)]
+    norm = math.sqrt(sum(t.reference_norm ** 2 for t in chosen))
+    return math.sqrt(sum((error(t) * t.reference_norm) ** 2 for t in chosen)) / norm if norm else math.nan
+
+
+def summarize(case: CaseResult) -> dict[str, Any]:
+    """Per DP size: the candidate's worst error over its bound, its error ratios to the default,
+    the pooled errors (relative L2 over every tensor), the collective's own error (against the FP64
+    sum of the BF16-rounded gradients) and the control's power."""
+    dps = sorted({int(t.tensor.split("/")[0][2:]) for t in case.candidate.tensors})
+    control = next((c.judgement for c in case.controls if c.judgement is not None), None)
+    summary: dict[str, Any] = {}
+    for dp in dps:
+        prefix = f"dp{dp}/"
+        chosen = [t for t in case.candidate.tensors if t.tensor.startswith(prefix)]
+        worst = max(chosen, key=lambda t: t.error_over_bound)
+        ratios = [t.ratio for t in chosen if t.ratio is not None]
+        entry: dict[str, Any] = {
+            "tensors": len(chosen),
+            "passes": all(t.passes for t in chosen),
+            "worst_error_over_bound": worst.error_over_bound,
+            "worst_tensor": worst.tensor,
+            "least_error_over_bound": min(t.error_over_bound for t in chosen),
+            "ratio_to_default": [min(ratios), max(ratios)] if ratios else None,
+            "pooled_candidate_error": _pooled(chosen, prefix, lambda t: t.error),
+            "pooled_default_error": _pooled(chosen, prefix, lambda t: t.default_error),
+        }
+        for secondary in case.secondary:
+            entry["pooled_candidate_error_against_rounded_inputs"] = _pooled(secondary.tensors, prefix, lambda t: t.error)
+        if control is not None and dp == 1:
+            entry["control"] = "not applied at DP 1: no other rank to sum, the control is the candidate there"
+        elif control is not None:
+            powers = [t.error_over_bound for t in control.tensors if t.tensor.startswith(prefix)]
+            entry["control_power"] = max(powers)
+            entry["control_least_tensor_power"] = min(powers)
+        summary[f"dp{dp}"] = entry
+    return summary
+
+
+def _first_layer_specs(recipe: Recipe, model, scale: ParamScale) -> tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """TP rank 0's slices of the first layer's dense tensors (its routed experts, reduced over the
+    expert data-parallel group in a buffer of their own, are left out), and the layer's kind."""
+    slices = param_slices(
+        model, tp=recipe.tp, tp_rank=TP_RANK, layers=(LAYER,), embedding_rows=scale.divisor, scale=scale,
+        ep=recipe.positive_int("layout.ep"), ep_rank=EP_RANK, etp=recipe.positive_int("layout.etp"),
+    )
+    dense = [s for s in slices if s.layer == LAYER and s.kind != "expert"]
+    return model.layer_kind(LAYER), tuple((s.name, s.shape) for s in dense)
+
+
+def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: LeverOptions,
+                    ranks_available: int = MAX_RANKS) -> Lever:
+    if recipe.precision != "bf16":
+        raise NotApplicable(f"recipe {recipe.id} trains in {recipe.precision}: --grad-reduce-in-bf16 is a BF16 training lever")
+    if recipe.argument("--ddp-average-in-collective") is not None:
+        raise NotApplicable(f"recipe {recipe.id} averages in the collective (ReduceOp.AVG, NCCL only): not modelled")
+    model = facts_for(recipe.model, options.model)
+    recipe_dp = recipe.positive_int("layout.dp")
+    flags = [flag for flag in DISTRIBUTED_OPTIMIZER_FLAGS if recipe.argument(flag) is not None]
+    collective = "reduce-scatter" if flags else "all-reduce"
+    because = (f"the distributed optimizer ({', '.join(flags)})" if flags
+               else "no distributed optimizer (none of " + ", ".join(DISTRIBUTED_OPTIMIZER_FLAGS) + ")")
+    per_token_loss = recipe.argument("--calculate-per-token-loss") is not None
+    layer_kind, specs = _first_layer_specs(recipe, model, scale)
+    notes = []
+    dp_sizes = set(DP_SIZES)
+    if recipe_dp <= MAX_RANKS:
+        dp_sizes.add(recipe_dp)
+    else:
+        notes.append(f"the recipe's own DP {recipe_dp} is not run: more ranks than this tier spawns ({MAX_RANKS})")
+    if recipe_dp == 1:
+        notes.append("at the recipe's own DP 1 no collective runs (dp1 tensors: the gradient rounded into the"
+                     " buffer and scaled, alone); DP 2, 4 and 8 show what the lever does at other layouts")
+    runnable = tuple(sorted(dp for dp in dp_sizes if dp <= ranks_available))
+    skip_reason = None
+    if max(runnable, default=1) < 2:
+        skip_reason = (f"{tier.name} tier: an NCCL rank needs a GPU of its own and this machine has {ranks_available};"
+                       " no data-parallel size of 2 or more can run")
+        runnable = tuple(sorted(dp_sizes))
+    elif runnable != tuple(sorted(dp_sizes)):
+        notes.append(f"DP sizes above {ranks_available} not run: one GPU per NCCL rank")
+    backend = "nccl" if tier.device == "cuda" else "gloo"
+    shape = ReductionShape(
+        model=model.short_name, scale=scale.name, tp_size=recipe.tp, tp_rank=TP_RANK, layer=LAYER,
+        layer_kind=layer_kind, tensors=specs, parameters=sum(math.prod(s) for _, s in specs), recipe_dp=recipe_dp,
+        dp_sizes=runnable, collective=collective, collective_because=because, per_token_loss=per_token_loss,
+        recipe_reduces_in="bf16" if recipe.argument("--grad-reduce-in-bf16") is not None else "fp32",
+        backend=backend, notes=tuple(notes),
+    )
+
+    def make_inputs(device, seed: int) -> ReductionInputs:
+        plan = draw_plan(seed=seed, specs=specs, dp_sizes=runnable, collective=collective,
+                         per_token_loss=per_token_loss, device=tier.device)
+        return ReductionInputs(shape=shape, plan=plan)
+
+    cases = tuple(
+        Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="seeded-rank-gradients",
+             make_inputs=lambda device, seed=seed: make_inputs(device, seed), skip_reason=skip_reason)
+        for seed in SEEDS
+    )
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,
+        candidate=GradSync(f"bf16-{collective}", "candidate", "bf16"),
+        default=GradSync(f"fp32-{collective}", "default", "fp32"),
+        reference=Fp64Sum("fp64-sum"),
+        secondary_references=(Fp64Sum("fp64-sum-of-bf16-rounded-gradients", rounded=True),),
+        controls=(Control(name="one rank dropped", path=GradSync(f"bf16-{collective}-rank-dropped", "control", "bf16")),),
+        summarize=summarize,
+        cpu_threads=1,
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """torch.distributed on gloo ranks in spawned processes, at the smoke scale."""
+    return [reduction_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale=SMOKE, options=options)]
+
+
+def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """NCCL over this machine's GPUs (one per rank), at the smoke scale; the DP sizes above the GPU
+    count are left out, and the case skips where fewer than 2 GPUs are present."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [reduction_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale=SMOKE, options=options,
+                            ranks_available=gpus)]

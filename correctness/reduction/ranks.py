@@ -1,0 +1,124 @@
+"""What each data-parallel rank runs: Megatron's gradient sync, reproduced with torch.distributed.
+
+`reduce_on_ranks(rank, world_size, plan)` runs in every spawned rank (correctness.distributed.run_ranks
+on the CPU: gloo; on GPUs an NCCL subgroup over the same ranks, one GPU each). For every DP size d of
+the plan, ranks 0 .. d-1 form a subgroup (dist.new_group), so one run of max(d) ranks reduces at
+every size. In each subgroup, every path's sync runs on that rank's own gradient:
+
+- candidate: `--grad-reduce-in-bf16` (DDP grad_reduce_in_fp32 False): a BF16 grad buffer, twice
+  (the repeat is a second collective on the same inputs);
+- default: `--accumulate-allreduce-grads-in-fp32` (grad_reduce_in_fp32 True): an FP32 buffer, twice;
+- control: the candidate with one rank's gradient dropped from the sum (that rank's buffer stays
+  zero, as if its gradients never reached it; the rank still joins the collective).
+
+One sync (`grad_sync`) is megatron-core 0.16's `_ParamAndGradBuffer` and
+`_ParamAndGradBucketGroup.start_grad_sync` (param_and_grad_buffer.py) without overlap: the grads
+written into a zeroed flat buffer of the reduction dtype at Megatron's offsets (`copy_` into the
+main_grad view: the FP32 gradient rounded to nearest even where the buffer is BF16, as the wgrad
+GEMM's FP32 accumulator is rounded when it writes a BF16 main_grad; the same bits as Megatron's
+hook, `main_grad.add_(grad)` into zeros), the buffer multiplied in place by gradient_scaling_factor
+where it is not 1, then, inside `_coalescing_manager(group, async_ops=False)`, with the distributed
+optimizer `reduce_scatter_tensor(own shard of the buffer, buffer, op=SUM)`, else
+`all_reduce(buffer, op=SUM)`. tests/test_gradient_reduction.py holds this bitwise equal to
+Megatron's own classes driven on gloo ranks.
+
+Returned (pickled to the parent; tensors as numpy arrays of their bits, `portable`): the digest of
+the rank's gradients; per DP size and path, the digest of every run's result, and the tensors the
+parent assembles: each rank's shard after a reduce-scatter, rank 0's whole buffer after an
+all-reduce (the other ranks' digests must equal rank 0's). A repeat bitwise equal to its first run
+is returned as None (the parent reuses the first run's tensor: the same bits), to halve the transfer.
+At DP 1 the control drops nothing (there is no other rank to sum; plan.dropped_rank).
+"""
+
+import warnings
+from typing import Any
+
+import torch
+
+from correctness.reduction.plan import DTYPES, BufferLayout, ReductionPlan, digest, rank_gradients
+
+# (path, reduction dtype, runs, drops a rank)
+PATHS = (("candidate", "bf16", 2, False), ("default", "fp32", 2, False), ("control", "bf16", 1, True))
+
+
+def grad_sync(gradients: dict[str, torch.Tensor], plan: ReductionPlan, layout: BufferLayout, dtype: torch.dtype,
+              group: Any, group_rank: int, device: torch.device, drop: bool) -> torch.Tensor:
+    """One gradient sync of Megatron's DDP on this rank: its shard (reduce-scatter) or the whole
+    reduced buffer (all-reduce), in the buffer's dtype."""
+    import torch.distributed as dist
+
+    buffer = torch.zeros(layout.numel, dtype=dtype, device=device)
+    if not drop:
+        for spec, start in zip(plan.tensors, layout.starts):
+            buffer[start:start + spec.numel].view(spec.shape).copy_(gradients[spec.name])
+    factor = plan.scaling_factor(layout.dp)
+    if factor != 1.0:
+        buffer *= factor
+    with dist._coalescing_manager(group, async_ops=False):
+        if plan.distributed_optimizer:
+            low, high = layout.shard(group_rank)
+            result = buffer[low:high]
+            with warnings.catch_warnings():  # torch 2.13 deprecates it; Megatron 0.16 calls it
+                warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.* is deprecated", category=FutureWarning)
+                dist.reduce_scatter_tensor(result, buffer, op=dist.ReduceOp.SUM, group=group)
+        else:
+            result = buffer
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
+    return result
+
+
+def portable(tensor: torch.Tensor) -> tuple[str, Any]:
+    """A CPU tensor as (dtype name, numpy array of its bits): pickled by value. A torch tensor put on
+    a multiprocessing queue travels as a shared-memory handle that the sending process must outlive
+    until the receiver opens it, and a rank exits as soon as it has put its result."""
+    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[tensor.dtype]
+    return str(tensor.dtype).removeprefix("torch."), tensor.contiguous().view(bits).numpy().copy()
+
+
+def from_portable(value: tuple[str, Any]) -> torch.Tensor:
+    dtype, bits = value
+    return torch.from_numpy(bits).view(getattr(torch, dtype))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    if world_size != plan.world_size:
+        raise ValueError(f"the plan needs {plan.world_size} ranks, the group has {world_size}")
+    if plan.device == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    groups = {}
+    for dp in plan.dp_sizes:  # every rank calls new_group for every subgroup, members or not
+        group = dist.new_group(list(range(dp)), backend="nccl" if plan.device == "cuda" else None)
+        if rank < dp:
+            groups[dp] = group
+    gradients = rank_gradients(plan, rank)
+    out: dict[str, Any] = {"digest": digest(gradients), "runs": {}}
+    gradients = {name: tensor.to(device) for name, tensor in gradients.items()}
+    for dp, group in groups.items():
+        layout = plan.layout(dp)
+        group_rank = dist.get_rank(group)
+        dropped = plan.dropped_rank(dp)
+        for path, dtype, runs, drops in PATHS:
+            results, digests, firsts = [], [], []
+            for run in range(runs):
+                result = grad_sync(gradients, plan, layout, DTYPES[dtype], group, group_rank, device,
+                                   drop=drops and rank == dropped).cpu()
+                digests.append(digest({"result": result}))
+                keep = plan.distributed_optimizer or rank == 0
+                if not keep or (run > 0 and _same_bits(result, firsts[0])):
+                    results.append(None)
+                else:
+                    results.append(portable(result))
+                firsts.append(result)
+            out["runs"][(dp, path)] = {"tensors": results, "digests": digests}
+    if plan.device == "cuda":
+        out["nccl_version"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+    return out

@@ -1,0 +1,229 @@
+"""The gradient-reduction-dtype lever: its FP64 reference, Megatron's buffer layout and sync, the
+CPU tier end to end, and a rank that fails (correctness/reduction/, references/gradient_sum.py)."""
+
+import dataclasses
+import math
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+from correctness.distributed import run_ranks
+from correctness.harness import run_case, run_lever
+from correctness.lever import LeverOptions, NotApplicable
+from correctness.reduction import lever as reduction
+from correctness.reduction.plan import (
+    LARGE_FACTOR,
+    LARGE_RANK,
+    SHARED,
+    buffer_layout,
+    draw_plan,
+    rank_gradients,
+)
+from correctness.reduction.ranks import from_portable, reduce_on_ranks
+from correctness.results import read_record, record_to_json, stated_fields_disagree, write_record
+from references.gradient_sum import fp64_sum
+
+GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
+NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+
+
+# --- the FP64 reference ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 8])
+def test_fp64_sum_agrees_with_an_exactly_rounded_sum(dtype, ranks):
+    generator = torch.Generator().manual_seed(ranks)
+    grads = [(torch.randn(7, 5, generator=generator) * 10.0 ** (rank - 4)).to(dtype) for rank in range(ranks)]
+    scale = 1.0 / 3.0
+    reference = fp64_sum(grads, scale)
+    assert reference.dtype == torch.float64 and reference.shape == (7, 5)
+    exact = torch.tensor(
+        [math.fsum(float(g.flatten()[i]) for g in grads) * scale for i in range(35)], dtype=torch.float64
+    ).view(7, 5)
+    assert torch.allclose(reference, exact, rtol=1e-15, atol=0.0)
+
+
+def test_fp64_sum_leaves_out_dropped_ranks_and_refuses_mismatches():
+    grads = [torch.full((3,), float(rank + 1)) for rank in range(4)]
+    assert fp64_sum(grads, 0.5, dropped={1}).tolist() == [4.0, 4.0, 4.0]  # (1 + 3 + 4) / 2
+    assert fp64_sum(grads[:1], dropped={0}).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="rank 1's gradient has shape"):
+        fp64_sum([torch.zeros(3), torch.zeros(4)])
+    with pytest.raises(ValueError, match="dropped rank 4 outside"):
+        fp64_sum(grads, dropped={4})
+    with pytest.raises(ValueError, match="not a floating-point"):
+        fp64_sum([torch.zeros(3, dtype=torch.int64)])
+
+
+# --- plan: Megatron's layout, the ranks' gradients ----------------------------------------------
+
+
+def test_buffer_layout_is_megatrons():
+    # reverse model order; with the distributed optimizer starts at multiples of 64 and the end at
+    # a multiple of lcm(DP, 128) (param_and_grad_buffer.py); without it, packed as they come
+    sharded = buffer_layout((561, 5, 576), dp=2, distributed_optimizer=True)
+    assert sharded.starts == (640, 576, 0) and sharded.numel == 1280 and sharded.shard(1) == (640, 1280)
+    assert buffer_layout((561, 5, 576), dp=3, distributed_optimizer=True).numel == 1536  # lcm(3, 128) = 384
+    packed = buffer_layout((561, 5, 576), dp=2, distributed_optimizer=False)
+    assert packed.starts == (581, 576, 0) and packed.numel == 1142
+
+
+def test_rank_gradients_are_seeded_correlated_and_one_rank_larger():
+    plan = draw_plan(seed=5, specs=(("w", (256, 512)), ("b", (9,))), dp_sizes=(2, 4, 8), collective="reduce-scatter",
+                     per_token_loss=True, device="cpu")
+    first = [rank_gradients(plan, rank) for rank in range(8)]
+    assert all(torch.equal(a["w"], b["w"]) for a, b in zip(first, [rank_gradients(plan, r) for r in range(8)]))
+    assert all(g["w"].dtype == torch.float32 and g["b"].shape == (9,) for g in first)
+    a, b = first[0]["w"].double().flatten(), first[2]["w"].double().flatten()
+    correlation = float((a @ b) / (a.norm() * b.norm()))
+    assert abs(correlation - SHARED) < 0.02
+    rms = [float(g["w"].pow(2).mean().sqrt()) / plan.rank_factors[r] for r, g in enumerate(first)]
+    assert max(rms) / min(rms) < 1.02  # the rank factors are the only difference in size
+    factors = torch.tensor([draw_plan(seed=seed, specs=(("b", (9,)),), dp_sizes=(8,), collective="all-reduce",
+                                      per_token_loss=True, device="cpu").rank_factors for seed in range(200)])
+    ratio = float((factors[:, LARGE_RANK].log().mean() - factors[:, 0].log().mean()).exp())
+    assert abs(ratio / LARGE_FACTOR - 1) < 0.15  # rank LARGE_RANK's gradients LARGE_FACTOR x the others' (geometric means)
+    assert dict(plan.dropped) == {dp: min(range(dp), key=lambda r: plan.rank_factors[r]) for dp in (2, 4, 8)}
+    other = draw_plan(seed=6, specs=(("w", (256, 512)), ("b", (9,))), dp_sizes=(2,), collective="all-reduce",
+                      per_token_loss=True, device="cpu")
+    assert not torch.equal(rank_gradients(other, 0)["w"], first[0]["w"])
+
+
+# --- the levers' recipe facts -------------------------------------------------------------------
+
+
+def _edited(recipe, old: str, new: str = "", **fields):
+    run = recipe.data["run"]
+    assert old in run
+    data = {**recipe.data, "run": run.replace(old, new)}
+    for dotted, value in fields.items():
+        section, key = dotted.split("__")
+        data[section] = {**data[section], key: value}
+    return dataclasses.replace(recipe, data=data)
+
+
+def test_the_lever_takes_dp_sizes_collective_and_scaling_from_the_recipe(gemma_recipe, nemotron_recipe):
+    (gemma,) = reduction.cpu_tier(GEMMA, LeverOptions())
+    (nemotron,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    for lever, dps in ((gemma, (1, 2, 4, 8)), (nemotron, (2, 4, 8))):
+        shape = lever.cases[0].shape
+        assert shape.dp_sizes == dps and shape.collective == "reduce-scatter" and shape.per_token_loss
+        assert "--optimizer-cpu-offload" in shape.collective_because and shape.recipe_reduces_in == "fp32"
+        assert all(not name.startswith("embedding") and ".layers.0." in name for name, _ in shape.tensors)
+    assert gemma.cases[0].shape.recipe_dp == 1 and "no collective runs" in gemma.cases[0].shape.notes[0]
+    assert nemotron.cases[0].shape.tp_size == 4 and nemotron.cases[0].shape.layer_kind == "mamba"
+    # without the distributed optimizer Megatron all-reduces; without per-token loss it pre-scales by 1/DP
+    plain = _edited(nemotron_recipe, "--optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer")
+    plain = _edited(plain, "--calculate-per-token-loss")
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions(recipe=plain))
+    assert lever.cases[0].shape.collective == "all-reduce" and not lever.cases[0].shape.per_token_loss
+    plan = lever.cases[0].make_inputs("cpu").plan
+    assert [plan.scaling_factor(dp) for dp in plan.dp_sizes] == [0.5, 0.25, 0.125]
+    bf16 = _edited(nemotron_recipe, "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16")
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions(recipe=bf16))
+    assert lever.cases[0].shape.recipe_reduces_in == "bf16"
+
+
+def test_the_lever_refuses_what_it_does_not_model(nemotron_recipe):
+    averaged = _edited(nemotron_recipe, "--calculate-per-token-loss", "--ddp-average-in-collective")
+    with pytest.raises(NotApplicable, match="averages in the collective"):
+        reduction.cpu_tier(NEMOTRON, LeverOptions(recipe=averaged))
+    fp16 = dataclasses.replace(nemotron_recipe, data={**nemotron_recipe.data, "workload": {
+        **nemotron_recipe.data["workload"], "precision": "fp16"}})
+    with pytest.raises(NotApplicable, match="BF16 training lever"):
+        reduction.cpu_tier(NEMOTRON, LeverOptions(recipe=fp16))
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 2, reason="this machine has GPUs for NCCL")
+def test_the_nccl_tier_skips_with_the_reason_without_two_gpus():
+    (lever,) = reduction.gpu_tier(NEMOTRON, LeverOptions())
+    result = run_case(lever, lever.cases[0])
+    assert result.status == "skip" and "NCCL rank needs a GPU of its own" in result.skip_reason
+
+
+# --- the reproduction against Megatron's own sync ----------------------------------------------
+
+
+def test_the_reproduction_is_bitwise_megatrons_own_sync():
+    """megatron-core's _ParamAndGradBuffer and start_grad_sync on 2 gloo ranks, at Nemotron's layer 0
+    slices, with and without the distributed optimizer and per-token loss, BF16 and FP32."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    from correctness.reduction.megatron_sync import compare_on_ranks
+
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    specs = lever.cases[0].shape.tensors
+    plans = tuple(
+        draw_plan(seed=11, specs=specs, dp_sizes=(2,), collective=collective, per_token_loss=per_token, device="cpu")
+        for collective in ("reduce-scatter", "all-reduce") for per_token in (True, False)
+    )
+    ranks = run_ranks(compare_on_ranks, 2, plans, timeout=240)
+    for index, plan in enumerate(plans):
+        expected = torch.cat([
+            fp64_sum([rank_gradients(plan, r)[spec.name] for r in range(2)], plan.scaling_factor(2)).flatten()
+            for spec in plan.tensors
+        ])
+        for dtype, tolerance in (("fp32", 1e-6), ("bf16", 1e-2)):
+            for rank in range(2):
+                entry = ranks[rank][index][dtype]
+                assert entry["megatron"] == entry["reproduction"], (plan.collective, plan.per_token_loss, dtype, rank)
+            if plan.distributed_optimizer:
+                buffer = torch.cat([from_portable(ranks[r][index][dtype]["result"]) for r in range(2)])
+            else:
+                buffer = from_portable(ranks[0][index][dtype]["result"])
+            layout = plan.layout(2)
+            values = torch.cat([buffer[s:s + spec.numel].double() for spec, s in zip(plan.tensors, layout.starts)])
+            assert float((values - expected).norm() / expected.norm()) < tolerance
+
+
+# --- the lever end to end ----------------------------------------------------------------------
+
+
+def test_cpu_tier_on_nemotron_fails_bf16_and_every_control(tmp_path):
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    record = run_lever(lever)
+    (case,) = record.cases
+    assert record.verdict == "fail"  # BF16 reduction is outside 2 x FP32's error + 1e-3 (README)
+    assert case.failures and all(f.startswith("candidate") and "> bound" in f for f in case.failures)
+    assert case.deterministic and case.default_repeat.passes
+    control = case.controls[0]
+    assert control.name == "one rank dropped" and control.judgement is not None and control.fails_bound
+    for dp in (2, 4, 8):
+        figures = case.summary[f"dp{dp}"]
+        assert not figures["passes"] and figures["worst_error_over_bound"] > 1.0
+        assert figures["pooled_default_error"] < 1e-7  # FP32: a few units of its roundoff
+        assert 1e-3 < figures["pooled_candidate_error"] < 1e-2
+        assert 1e-3 < figures["pooled_candidate_error_against_rounded_inputs"] < figures["pooled_candidate_error"]
+        assert figures["control_least_tensor_power"] > 10.0
+    assert case.summary["dp2"]["pooled_candidate_error"] < case.summary["dp8"]["pooled_candidate_error"]
+    details = case.candidate.run.details
+    assert details["ranks"] == 8 and details["collective"] == "reduce-scatter" and details["backend"] == "gloo"
+    assert details["plan"]["dropped"] == {f"dp{dp}": rank for dp, rank in lever.cases[0].make_inputs("cpu").plan.dropped}
+    data = record_to_json(record)
+    assert stated_fields_disagree(data) is None
+    assert read_record(write_record(data, tmp_path))["verdict"] == "fail"
+
+
+def fail_on_rank_one(rank, world_size, plan):
+    if rank == 1:
+        raise RuntimeError("rank one fails before its collectives")
+    return reduce_on_ranks(rank, world_size, plan)  # rank 0 waits for rank 1 in new_group: it must be stopped
+
+
+def test_a_failing_rank_fails_the_case_in_one_line_without_hanging():
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    case = lever.cases[0]
+    plan = draw_plan(seed=0, specs=(("w", (8, 8)),), dp_sizes=(2,), collective="all-reduce", per_token_loss=True,
+                     device="cpu")
+    inputs = reduction.ReductionInputs(shape=case.shape, plan=plan, rank_function=fail_on_rank_one, timeout=60)
+    broken = dataclasses.replace(case, make_inputs=lambda device: inputs)
+    started = time.monotonic()
+    result = run_case(dataclasses.replace(lever, cases=(broken,)), broken)
+    assert time.monotonic() - started < 45
+    assert result.status == "fail" and len(result.failures) == 1
+    (failure,) = result.failures
+    assert "\n" not in failure
+    assert "fail_on_rank_one on 2 gloo ranks: rank 1 raised RuntimeError: rank one fails before its collectives" in failure
+    assert multiprocessing.active_children() == []
