@@ -106,7 +106,7 @@ def _collect(processes, results, world_size: int, timeout: float, name: str) -> 
         if not ok:
             # A rank that fails takes its peers' connections down with it: wait a moment for the
             # cause (a rank that died, or raised first) and name it before the broken connections.
-            errors = [(rank, value)] + _more_errors(results, 0.5)
+            errors = [(rank, value)] + _more_errors(results, 5.0 if TRANSPORT_ERROR in value else 0.5)
             errors.sort(key=lambda error: TRANSPORT_ERROR in error[1])
             dead = _dead(processes, values, reported={rank for rank, _ in errors})
             first_rank, first = errors[0]
@@ -120,6 +120,8 @@ TRANSPORT_ERROR = "gloo/transport"  # in the message of a rank whose peer went a
 
 
 def _more_errors(results, seconds: float) -> list[tuple[int, str]]:
+    """Errors other ranks report within `seconds`, up to the first that is not a broken connection
+    (on a loaded machine the cause can arrive after its peers' broken connections)."""
     errors, deadline = [], time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         try:
@@ -128,6 +130,8 @@ def _more_errors(results, seconds: float) -> list[tuple[int, str]]:
             break
         if not ok:
             errors.append((rank, value))
+            if TRANSPORT_ERROR not in value:
+                break
     return errors
 
 

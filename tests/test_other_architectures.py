@@ -22,6 +22,12 @@ RECIPES = (
 )
 
 
+# The levers whose shapes the model's facts give (attention, offload, packing); the loss and
+# reduction levers, which read only the vocabulary and the first layer's slices, run on the seed
+# recipes, and cost CI a torch.compile per shape and eight spawned ranks per recipe.
+THIS_ISSUES_LEVERS = "not softmax and not cross_entropy and not gradient_reduction"
+
+
 def model_of(recipe_id: str) -> str:
     return yaml.safe_load(recipe_path(recipe_id).read_text())["model"]
 
@@ -32,7 +38,7 @@ def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
     config = CONFIGS_DIR / model / "config.json"
     finished = subprocess.run(
         [sys.executable, "-m", "correctness.cli", "run", str(recipe_path(recipe_id)), "--tier", "cpu",
-         "--model-config", str(config), "--results-dir", str(tmp_path), "--json", "--", "-p", "no:cacheprovider"],
+         "--model-config", str(config), "--results-dir", str(tmp_path), "--json", "--", "-p", "no:cacheprovider", "-k", THIS_ISSUES_LEVERS],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-6000:]
@@ -50,12 +56,12 @@ def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
     # Attached, the entries name the controls that ran and those that applied to no case.
     copy = tmp_path / "recipe.yaml"
     copy.write_bytes(recipe_path(recipe_id).read_bytes())
-    paths = [record["path"] for record in summary["records"]]
+    paths = [record["path"] for record in summary["records"] if record["verdict"] != "skip"]  # nothing ran: refused
     attached = subprocess.run([sys.executable, "-m", "correctness.cli", "attach", *paths, str(copy)],
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert attached.returncode == 0, attached.stderr
     entries = yaml.safe_load(copy.read_text())["correctness"]["component_tests"]
-    (attention,) = [entry for entry in entries if "attention" in entry["test"] and "packed" not in entry["test"]]
+    (attention,) = [entry for entry in entries if entry["test"].startswith("torch SDPA's flash CPU kernel against")]
     assert "wrong softmax scale" in attention["detail"]
     if not summary_has_window(summary):
         assert re.search(r"\(window off by one, window one short.*: no case here they apply to\)", attention["detail"])

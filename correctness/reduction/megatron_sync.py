@@ -14,7 +14,7 @@ world_size (the whole group), adds each rank's gradients into the params' main_g
 backward hook does (`param.main_grad.add_(grad)`), syncs, and runs the reproduction's `grad_sync`
 on the same gradients; it returns both results' digests and Megatron's result, for every plan and
 both dtypes. Importing megatron-core costs each rank several seconds: the lever's tiers therefore
-run the reproduction, and tests/test_gradient_reduction.py holds it bitwise equal to this.
+run the reproduction, and tests/test_reduction_lever.py holds it bitwise equal to this.
 """
 
 import contextlib

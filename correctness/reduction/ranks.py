@@ -19,7 +19,7 @@ GEMM's FP32 accumulator is rounded when it writes a BF16 main_grad; the same bit
 hook, `main_grad.add_(grad)` into zeros), the buffer multiplied in place by gradient_scaling_factor
 where it is not 1, then, inside `_coalescing_manager(group, async_ops=False)`, with the distributed
 optimizer `reduce_scatter_tensor(own shard of the buffer, buffer, op=SUM)`, else
-`all_reduce(buffer, op=SUM)`. tests/test_gradient_reduction.py holds this bitwise equal to
+`all_reduce(buffer, op=SUM)`. tests/test_reduction_lever.py holds this bitwise equal to
 Megatron's own classes driven on gloo ranks.
 
 Returned (pickled to the parent; tensors as numpy arrays of their bits, `portable`): the digest of
