@@ -19,6 +19,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,9 @@ def short_name(name: str) -> str:
     return re.sub(r"([a-z])-(\d+(?:\.\d+)*)(?=-|$)", r"\1\2", name.lower())
 
 
+@cache
 def families() -> dict[str, dict[str, Any]]:
+    """The family table, read once (every lever built from a config looks its family up)."""
     data = yaml.safe_load(FAMILIES_FILE.read_text())
     return data["families"]
 
@@ -132,7 +135,7 @@ class _Config:
         return value
 
 
-def _layer_types(cfg: _Config, family: dict[str, Any], layers: int) -> list[str]:
+def _layer_types(cfg: _Config, layers: int) -> list[str]:
     """The config's layer type of every layer (HF names: sliding_attention, full_attention, or the
     hybrid pattern's symbols)."""
     if cfg.has("hybrid_override_pattern"):
@@ -278,7 +281,7 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     hidden = cfg.count("hidden_size", needed_for="hidden_size")
     heads = cfg.count("num_attention_heads", needed_for="attention.query_heads")
     names = family.get("layer_kinds") or {}
-    types = _layer_types(cfg, family, layers)
+    types = _layer_types(cfg, layers)
     unknown = sorted({t for t in types if t not in names})
     if unknown:
         raise cfg.error(f"layer type {unknown[0]!r} is not one the {family_name} family knows ({', '.join(names)});"

@@ -25,7 +25,7 @@ from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
-from correctness.attention.shapes import SMOKE_SCALE, AttentionShape
+from correctness.attention.shapes import SMOKE_SCALE
 from correctness.attention.te import TransformerEngine
 from correctness.errors import PathUnavailable
 from correctness.harness import run_case
@@ -33,6 +33,7 @@ from correctness.lever import LeverOptions
 from correctness.models import ModelFacts, load_model
 from correctness.recipes import lever_recipe
 from correctness.rule import DEFAULT_RULE
+from attention_shapes import tiny_shape
 from numerics import FP32_AGREEMENT, relative_l2_error
 from references.attention import attention as reference_attention
 
@@ -232,15 +233,6 @@ def test_invalid_feature_inputs_raise(change, message):
 
 # ---------------------------------------------------------------------------
 # Model facts, shapes and inputs.
-
-
-def tiny_shape(**changes) -> AttentionShape:
-    fields = dict(
-        model="toy", layer_kind="sliding", scale="test", tp_size=1, tp_rank=0, batch=2, seq_len=13,
-        heads=4, groups=2, head_dim=8, window=(3, 0), causal=True, softmax_scale=0.7, dtype="fp32",
-        qkv_format="bshd",
-    )
-    return AttentionShape(**{**fields, **changes})
 
 
 def toy_facts(name: str, attention_facts: dict, kinds: dict) -> ModelFacts:

@@ -22,6 +22,7 @@ from correctness.attention.masks import visible_keys
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import FORCED, SWITCHES, TransformerEngine, backend_switches, backend_that_ran
+from attention_shapes import tiny_shape
 from numerics import FP32_AGREEMENT, relative_l2_error
 from correctness.errors import CaseInputError, PathUnavailable
 from correctness.harness import run_case
@@ -34,15 +35,6 @@ from correctness.attention.shapes import AttentionShape, attention_shape
 CPU = torch.device("cpu")
 # In FP32 the working-precision paths differ from FP64 by rounding alone: any mask, grouping or
 # layout bug is orders of magnitude larger than this.
-
-
-def tiny_shape(**changes) -> AttentionShape:
-    fields = dict(
-        model="toy", layer_kind="sliding", scale="test", tp_size=1, tp_rank=0, batch=2, seq_len=13,
-        heads=4, groups=2, head_dim=8, window=(3, 0), causal=True, softmax_scale=0.7, dtype="fp32",
-        qkv_format="bshd",
-    )
-    return AttentionShape(**{**fields, **changes})
 
 
 SHAPES = {

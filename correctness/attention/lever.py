@@ -95,13 +95,15 @@ def checkpoint_case(
 
 
 def attention_cases(
-    recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions, expected: Mapping[str, str]
+    recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions, expected: Mapping[str, str],
+    seeds: tuple[int, ...] = SYNTHETIC_SEEDS,
 ) -> tuple[Case, ...]:
-    """`expected`: layer kind -> the backend the candidate must run there (empty: no claim)."""
+    """`expected`: layer kind -> the backend the candidate must run there (empty: no claim);
+    `seeds`: those of the model-like cases."""
     cases = []
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
-        cases += [synthetic_case(shape, seed, "model-like", expected.get(kind)) for seed in SYNTHETIC_SEEDS]
+        cases += [synthetic_case(shape, seed, "model-like", expected.get(kind)) for seed in seeds]
         if shape.window is not None:
             cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge", expected.get(kind)))
         if shape.softcap is not None:

@@ -44,9 +44,9 @@ from correctness.attention import lever as attention
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.megatron_softmax import MegatronAttention
 from correctness.attention.reference import Fp64Reference
-from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, Scale, attention_shape
-from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, Tier
-from correctness.models import ModelFacts, facts_for
+from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, Scale
+from correctness.lever import Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
 
 NAME = "attention-softmax-precision"
@@ -72,24 +72,6 @@ def applies(recipe: Recipe) -> None:
         raise NotApplicable(f"recipe {recipe.id}: precision {recipe.precision}; the flag applies to BF16 and FP16 inputs")
 
 
-def softmax_cases(recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions) -> tuple[Case, ...]:
-    """The attention lever's kinds of case (attention.attention_cases), model-like at SEEDS only."""
-    cases = []
-    for kind in model.attention_kinds:
-        shape = attention_shape(recipe, model, kind, scale)
-        cases += [attention.synthetic_case(shape, seed, "model-like") for seed in SEEDS]
-        if shape.window is not None:
-            cases.append(attention.synthetic_case(shape, attention.WINDOW_EDGE_SEED, "window-edge"))
-        if shape.softcap is not None:
-            cases.append(attention.synthetic_case(shape, attention.BEYOND_CAP_SEED, "beyond-cap"))
-    for kind in model.attention_kinds:
-        shape = attention_shape(recipe, model, kind, scale)
-        recipe_groups = model.attention_kind(kind).kv_heads // recipe.tp
-        cases += [attention.checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups)
-                  for layer in attention.checkpoint_layers(model, kind)]
-    return tuple(cases)
-
-
 def mask_ignored(candidate: MegatronAttention) -> Control:
     """The candidate with Megatron's mask function filling nothing (masked keys leak), on
     FusedScaleMaskSoftmax's torch path: the fused kernel makes its causal mask itself."""
@@ -112,7 +94,7 @@ def softmax_precision_lever(
         tier=tier,
         description=description,
         recipe=recipe.ref_for(model),
-        cases=softmax_cases(recipe, model, scale, options),
+        cases=attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS),
         candidate=candidate,
         default=default,
         reference=Fp64Reference(),
