@@ -74,7 +74,7 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
         if case.status not in RAN:
             continue
         for control in case.controls:
-            if control.judgement is not None and not control.fails_bound:
+            if control.judgement is not None and not control.fails:
                 problems.append(f"case {case.case_id} passes while its control '{control.name}' passed")
         failing = [t.tensor for t in case.candidate.tensors if not t.passes]
         if failing:

@@ -169,6 +169,68 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunSpread:
+    """How a path's repeated runs on the same inputs differ from its first run, for one tensor
+    that differed: elements whose bits differ in some repeat, and the size of the differences."""
+
+    tensor: str
+    runs: int  # the path's runs compared (its first and every repeat)
+    differing_elements: int  # the most in any one repeat
+    elements: int
+    relative: float  # ||x_k - x_1||_2 / ||x_1||_2, the largest over the repeats (absolute where x_1 is zero)
+    max_abs: float  # the largest |x_k - x_1| over the repeats (Inf where a NaN or Inf moved)
+
+
+@dataclass
+class SpreadAccumulator:
+    """Collects a path's repeats against its first run, tensor by tensor and unit by unit (a
+    streamed lever's tensors arrive in pieces, so the figures of a repeat are summed over its
+    pieces before the largest repeat is taken)."""
+
+    runs: int = 1
+    _sums: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (tensor, repeat) -> [differing, diff_sq, first_sq, max_abs]
+    _elements: dict[str, int] = field(default_factory=dict)
+
+    def add(self, repeat: int, first: Mapping[str, torch.Tensor], again: Mapping[str, torch.Tensor]) -> None:
+        """Repeat number `repeat` (1 for the second run) of the current unit, against its first run."""
+        self.runs = max(self.runs, repeat + 1)
+        for name, a in first.items():
+            b = again[name]
+            if repeat == 1:
+                self._elements[name] = self._elements.get(name, 0) + a.numel()
+            sums = self._sums.setdefault((name, repeat), [0, 0.0, 0.0, 0.0])
+            a64 = a.detach().double()
+            sums[2] += float(torch.nan_to_num(a64, nan=0.0, posinf=0.0, neginf=0.0).square().sum())
+            if bitwise_equal(a, b):
+                continue
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ComparisonError(f"tensor {name}: a repeated run gave {tuple(b.shape)} {b.dtype}, the first"
+                                      f" {tuple(a.shape)} {a.dtype}")
+            same_bits = a.reshape(-1).view(torch.uint8).view(a.numel(), -1).eq(
+                b.reshape(-1).view(torch.uint8).view(b.numel(), -1)).all(dim=1)
+            difference = (b.detach().double() - a64).reshape(-1).abs()
+            difference = torch.where(same_bits, 0.0, torch.nan_to_num(difference, nan=math.inf))
+            sums[0] += int((~same_bits).sum())
+            finite = difference[torch.isfinite(difference)]
+            sums[1] += float(finite.square().sum()) if bool(torch.isfinite(difference).all()) else math.inf
+            sums[3] = max(sums[3], float(difference.max()))
+
+    def spreads(self) -> tuple[RunSpread, ...]:
+        """The tensors that differed in some repeat, in their first-seen order."""
+        found = []
+        for name, elements in self._elements.items():
+            repeats = [self._sums[(name, r)] for r in range(1, self.runs) if (name, r) in self._sums]
+            if not any(s[0] for s in repeats):
+                continue
+            relative = max(math.sqrt(s[1]) / math.sqrt(s[2]) if s[2] > 0 else math.sqrt(s[1]) for s in repeats)
+            found.append(RunSpread(
+                tensor=name, runs=self.runs, differing_elements=int(max(s[0] for s in repeats)), elements=elements,
+                relative=relative, max_abs=max(s[3] for s in repeats),
+            ))
+        return tuple(found)
+
+
 def check_same_layout(name: str, judged: torch.Tensor, default: torch.Tensor, reference: torch.Tensor) -> None:
     """Raise unless judged and default agree in shape and dtype and the reference in shape."""
     if judged.shape != default.shape or judged.dtype != default.dtype:

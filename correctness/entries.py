@@ -79,9 +79,14 @@ def controls_sentence(record: LeverRecord) -> str:
     applied = [control for case in record.ran_cases() for control in case.controls if control.judgement is not None]
     names = [name for name in record.lever["controls"] if any(control.name == name for control in applied)]
     unused = [name for name in record.lever["controls"] if name not in names]
-    failing = all(control.fails_bound for control in applied)
-    powers = [control.power for control in applied]
+    failing = all(control.fails for control in applied)
+    powers = [control.power for control in applied if control.fails_bound]
     least = f", by {min(powers):.1f} x the bound at the least" if powers and failing else ""
+    unrepeatable = [name for name in names if all(control.fails_repeatability and not control.fails_bound
+                                                  for control in applied if control.name == name)]
+    if unrepeatable and failing:
+        runs = max(case.runs for case in record.ran_cases())
+        least += f" ({and_list(unrepeatable)}: inside the bound, not bitwise repeatable over {runs} runs)"
     if len(names) == 1:
         what, verb = "negative control", "fails" if failing else "does not fail"
     else:
@@ -117,9 +122,11 @@ def evidence_sentence(record: LeverRecord) -> str:
 
 def determinism_sentence(record: LeverRecord) -> str:
     changed = sorted({t for case in record.ran_cases() for t in case.nondeterministic_tensors})
+    runs = max((case.runs for case in record.ran_cases()), default=2)
     if not changed:
-        return "the candidate gives the same bits on a second run"
-    return f"the candidate's {', '.join(changed)} changed between two identical runs"
+        return "the candidate gives the same bits on a second run" if runs <= 2 else \
+            f"the candidate gives the same bits on each of {runs} runs"
+    return f"the candidate's {', '.join(changed)} changed between {'two' if runs <= 2 else runs} identical runs"
 
 
 def skipped_sentence(record: LeverRecord) -> str:

@@ -4,7 +4,10 @@ For each case: the candidate first (a backend that refuses the case is found bef
 else runs), the FP64 reference, the default, the candidate again (both runs judged; bitwise
 equality of the two is reported as determinism), the default again as a positive control (it must
 pass), and every applicable negative control (each must fail). A case with no applicable control
-fails: it would have no power. Streamed inputs run unit by unit, every path on each unit, so only
+fails: it would have no power. Where the rule asks for more runs (`rule.runs`), the candidate and
+the default run that often and their spreads are recorded; where it asks for bitwise
+repeatability, a candidate whose runs differ fails, and each control runs that often too (one
+that is not repeatable fails the rule, as a control must). Streamed inputs run unit by unit, every path on each unit, so only
 one unit's outputs are alive at a time.
 
 A refusal (PathUnavailable) skips the case; any other exception, from making the inputs, a path
@@ -20,7 +23,7 @@ from typing import Any
 
 import torch
 
-from correctness.compare import OutputsAccumulator, bitwise_equal, outputs_baselines
+from correctness.compare import OutputsAccumulator, RunSpread, SpreadAccumulator, outputs_baselines
 from correctness.errors import PathUnavailable
 from correctness.lever import Case, Lever, Implementation, PathOutput, Streamed, runs_backend
 from correctness.provenance import provenance
@@ -123,6 +126,9 @@ def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, e
         candidate_repeat=None,
         deterministic=None,
         nondeterministic_tensors=(),
+        runs=0,
+        candidate_spread=(),
+        default_spread=(),
         default_repeat=None,
         controls=(),
         secondary=(),
@@ -200,6 +206,12 @@ def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...]) -> list
             f" (threshold {figures.offset_threshold:.2e}, default {figures.default_offset:+.2e})"
         )
     return failures
+
+
+def _spread_failure(role: str, spread: RunSpread) -> str:
+    return (f"{role} {spread.tensor}: not bitwise repeatable over {spread.runs} runs: {spread.differing_elements} of"
+            f" {spread.elements} elements differ from its first run (relative {spread.relative:.2e}, largest"
+            f" {spread.max_abs:.3g})")
 
 
 def _resolution(candidate: Judgement) -> dict[str, Any]:
@@ -280,12 +292,12 @@ class _Invariants:
 
 @dataclass
 class _Candidate:
-    """One candidate's two judged runs and what they changed."""
+    """One candidate's two judged runs (and the rule's further runs) and what they changed."""
 
     first: _Judged
     repeat: _Judged
     secondary: list[_Judged]
-    changed: dict[str, None] = field(default_factory=dict)
+    spread: SpreadAccumulator = field(default_factory=SpreadAccumulator)
     invariants: _Invariants | None = None
     repeat_invariants: _Invariants | None = None
     skip_reason: str | None = None
@@ -331,6 +343,8 @@ def _run_candidates(
         if applicable[control.name] is None
     }
     default_invariants = _Invariants(role="the default")
+    default_spread = SpreadAccumulator()
+    control_spreads = {name: SpreadAccumulator() for name in controls}
     error: str | None = None
     try:
         inputs = case.make_inputs(device)
@@ -366,15 +380,29 @@ def _run_candidates(
                         continue
                     candidate.repeat.comparisons.add(second.tensors, default_out.tensors, reference_out.tensors, shared)
                     candidate.repeat_invariants.check(lever, unit, second.tensors)
-                    candidate.changed.update(
-                        (n, None) for n in first.tensors if not bitwise_equal(first.tensors[n], second.tensors[n])
-                    )
+                    candidate.spread.add(1, first.tensors, second.tensors)
                     del second
+                    try:
+                        for again in range(2, lever.rule.runs):
+                            candidate.spread.add(again, first.tensors, candidate.repeat.runs.run(unit).tensors)
+                    except _PathError as path_error:
+                        if not several:
+                            raise
+                        candidate.error = str(path_error)
+                        continue
                 for extra in candidate.secondary:
                     extra.comparisons.add(first.tensors, default_out.tensors, extra.runs.run(unit).tensors)
             del firsts
-            for other in (default_repeat, *controls.values()):
-                other.comparisons.add(other.runs.run(unit).tensors, default_out.tensors, reference_out.tensors, shared)
+            for again in range(1, lever.rule.runs):
+                repeated = default_repeat.runs.run(unit).tensors
+                if again == 1:
+                    default_repeat.comparisons.add(repeated, default_out.tensors, reference_out.tensors, shared)
+                default_spread.add(again, default_out.tensors, repeated)
+            for name, control in controls.items():
+                control_first = control.runs.run(unit).tensors
+                control.comparisons.add(control_first, default_out.tensors, reference_out.tensors, shared)
+                for again in range(1, lever.rule.runs if lever.rule.bitwise_repeatable else 1):
+                    control_spreads[name].add(again, control_first, control.runs.run(unit).tensors)
     except PathUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
         return tuple(_not_judged(case, started, skip_reason=str(unavailable)) for _ in candidates)
     except _PathError as path_error:
@@ -391,6 +419,8 @@ def _run_candidates(
             name=control.name,
             inapplicable_reason=applicable[control.name],
             judgement=controls[control.name].judgement() if control.name in controls else None,
+            spread=(control_spreads[control.name].spreads()
+                    if control.name in controls and lever.rule.bitwise_repeatable else None),
         )
         for control in lever.controls
     )
@@ -398,11 +428,12 @@ def _run_candidates(
     shared_failures = _judgement_failures("positive control (default repeated)", default_repeat_judgement)
     shared_failures += default_invariants.failures()
     for control in control_results:
-        if control.judgement is not None and control.judgement.passes:
+        if control.judgement is not None and not control.fails:
             worst = control.judgement.worst
+            repeatable = f", and is bitwise repeatable over {lever.rule.runs} runs" if lever.rule.bitwise_repeatable else ""
             shared_failures.append(
                 f"negative control '{control.name}' passes the bound on every tensor and slice"
-                f" (largest error/bound {worst.error_over_bound:.2f}, {worst.tensor}): no power on this case"
+                f" (largest error/bound {worst.error_over_bound:.2f}, {worst.tensor}){repeatable}: no power on this case"
             )
     if all(control.judgement is None for control in control_results):
         shared_failures.append("no negative control applies to this case, so it could not fail")
@@ -418,6 +449,9 @@ def _run_candidates(
         if repeat_judgement is not None:
             failures += _judgement_failures("candidate (repeat)", repeat_judgement)
         failures += candidate.invariants.failures() + candidate.repeat_invariants.failures()
+        candidate_spread = candidate.spread.spreads()
+        if lever.rule.bitwise_repeatable and repeat:
+            failures += [_spread_failure("candidate", spread) for spread in candidate_spread]
         failures += shared_failures
         kernel_failures, same_kernel = _kernel_failures(lever, case, candidate_judgement, default.record())
         failures += kernel_failures
@@ -433,8 +467,11 @@ def _run_candidates(
             default=default.record(),
             candidate=candidate_judgement,
             candidate_repeat=repeat_judgement,
-            deterministic=not candidate.changed if repeat else None,
-            nondeterministic_tensors=tuple(candidate.changed),
+            deterministic=not candidate_spread if repeat else None,
+            nondeterministic_tensors=tuple(spread.tensor for spread in candidate_spread),
+            runs=lever.rule.runs if repeat else 1,
+            candidate_spread=candidate_spread,
+            default_spread=default_spread.spreads(),
             default_repeat=default_repeat_judgement,
             controls=control_results,
             secondary=secondary,
@@ -468,6 +505,7 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
             "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason,
             "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,
             "systematic_noise_sigmas": lever.rule.systematic_noise_sigmas,
+            "runs": lever.rule.runs, "bitwise_repeatable": lever.rule.bitwise_repeatable,
         },
         "slicing": None if lever.slicing is None else lever.slicing.describe(),
         "invariants": [invariant.name for invariant in lever.invariants],

@@ -11,6 +11,7 @@ from correctness.attention import lever as attention
 from correctness.attention import packing
 from correctness.attention import softmax_precision
 from correctness.cross_entropy import lever as cross_entropy
+from correctness.determinism import lever as determinism
 from correctness.loss import packing as packed_loss
 from correctness.optimizer import entry as offload_entry
 from correctness.optimizer import lever as offload
@@ -44,6 +45,7 @@ KNOWN_LEVERS = {
         KnownLever(name=reduction.NAME, version=reduction.VERSION, tiers=("cpu", "gpu")),
         KnownLever(name=cross_entropy.NAME, version=cross_entropy.VERSION,
                    tiers=("megatron-cpu", "megatron", RECIPE_GPU)),
+        KnownLever(name=determinism.NAME, version=determinism.VERSION, tiers=("cpu", "gpu", RECIPE_GPU)),
     )
 }
 

@@ -34,7 +34,8 @@ def _control_cell(case: CaseResult, name: str) -> str:
             if control.judgement is None:
                 return "n/a"
             power = "nan" if math.isnan(control.power) else f"{control.power:.2f}"
-            return power + ("" if control.fails_bound else " PASSES")
+            repeat = " not repeatable" if control.fails_repeatability else ""
+            return power + repeat + ("" if control.fails else " PASSES")
     return "-"
 
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.compare import Systematic, TensorComparison
+from correctness.compare import RunSpread, Systematic, TensorComparison
 from correctness.errors import CorrectnessError
 from correctness.files import folder_parts, read_input, replace_file
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 4  # 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
+FORMAT_VERSION = 5  # 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run
@@ -68,10 +68,23 @@ class ControlResult:
     name: str
     inapplicable_reason: str | None  # why the control does not change this case, if it does not
     judgement: Judgement | None  # None where inapplicable
+    # Where the rule asks for bitwise repeatability: the tensors its repeated runs changed (empty:
+    # repeatable); None where the control ran once.
+    spread: tuple[RunSpread, ...] | None = None
 
     @property
     def fails_bound(self) -> bool:
         return self.judgement is not None and not self.judgement.passes
+
+    @property
+    def fails_repeatability(self) -> bool:
+        return self.judgement is not None and bool(self.spread)
+
+    @property
+    def fails(self) -> bool:
+        """The control fails the rule, as it must: outside the bound, or not bitwise repeatable where
+        the rule asks for that."""
+        return self.fails_bound or self.fails_repeatability
 
     @property
     def power(self) -> float | None:
@@ -95,8 +108,11 @@ class CaseResult:
     default: PathRun | None
     candidate: Judgement | None
     candidate_repeat: Judgement | None
-    deterministic: bool | None  # candidate outputs bitwise equal between its two runs
+    deterministic: bool | None  # candidate outputs bitwise equal between all its runs
     nondeterministic_tensors: tuple[str, ...]
+    runs: int  # runs of the candidate and of the default (rule.runs; 1 for a candidate screened without repeats)
+    candidate_spread: tuple[RunSpread, ...]  # the candidate's tensors its repeats changed, and by how much
+    default_spread: tuple[RunSpread, ...]  # the same for the default (reported; judged only through the positive control)
     default_repeat: Judgement | None  # positive control: the default judged as a candidate
     controls: tuple[ControlResult, ...]
     secondary: tuple[Judgement, ...]  # the candidate against each secondary reference (not judged)
@@ -253,7 +269,9 @@ def _jsonable(value: Any) -> Any:
             "applies": value.inapplicable_reason is None,
             "inapplicable_reason": value.inapplicable_reason,
             "fails_bound": value.fails_bound,
+            "fails": value.fails,
             "power": _jsonable(value.power),
+            "spread": _jsonable(value.spread),
             "judgement": _jsonable(value.judgement),
         }
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -20,6 +20,14 @@ elements scatter with standard deviation rest / sqrt(n): an optimizer update of 
 with a relative error of 1e-4 from its FP32 master's rounding has offsets of 1e-6 by chance, far
 above FP32's floor; six such deviations keep thousands of tensors and slices from being flagged by
 chance, while a pure scale error, whose rest is nothing, is flagged however few its elements.
+
+Repeatability: each judged path runs `runs` times on the same inputs (the candidate: its first run
+and its repeat are both judged; the default: its repeat is the positive control). Bitwise equality
+between the runs is reported for the candidate and the default. A lever whose claim is
+repeatability itself (deterministic kernels) sets `bitwise_repeatable`: the candidate then fails
+where any of its runs differs from its first in any bit, every negative control runs `runs` times
+too and fails the rule where it is outside the bound or not repeatable, and the default's spread
+is recorded, not judged.
 """
 
 import math
@@ -32,6 +40,7 @@ DEFAULT_SLACK = 1e-3
 SYSTEMATIC_FACTOR = DEFAULT_FACTOR
 SYSTEMATIC_FLOOR_EPS = 0.25  # of the output dtype's machine epsilon: BF16 2^-9, FP16 2^-12, FP32 2^-25
 SYSTEMATIC_NOISE_SIGMAS = 6.0
+DEFAULT_RUNS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,8 +50,12 @@ class Rule:
     systematic_factor: float = SYSTEMATIC_FACTOR
     systematic_floor_eps: float = SYSTEMATIC_FLOOR_EPS
     systematic_noise_sigmas: float = SYSTEMATIC_NOISE_SIGMAS
+    runs: int = DEFAULT_RUNS
+    bitwise_repeatable: bool = False
 
     def __post_init__(self):
+        if not (isinstance(self.runs, int) and self.runs >= DEFAULT_RUNS):
+            raise ValueError(f"rule: runs must be an integer of at least {DEFAULT_RUNS}, got {self.runs!r}")
         if not (self.factor >= 1.0 and self.slack >= 0.0):
             raise ValueError(f"rule: factor must be >= 1 and slack >= 0, got factor={self.factor}, slack={self.slack}")
         if not (self.systematic_factor >= 1.0 and self.systematic_floor_eps > 0.0 and self.systematic_noise_sigmas >= 0.0):
@@ -67,7 +80,8 @@ class Rule:
         return self.systematic_factor * abs(default_value) + self.systematic_floor(dtype) + noise
 
     def describe(self) -> str:
-        return f"{self.factor:g} x default + {self.slack:g}"
+        repeatable = f"; bitwise repeatable over {self.runs} runs" if self.bitwise_repeatable else ""
+        return f"{self.factor:g} x default + {self.slack:g}{repeatable}"
 
 
 DEFAULT_RULE = Rule()

@@ -80,16 +80,17 @@ class WithNan:
 
 @dataclass
 class ChangesAfterFirstCall:
-    """A path that runs `base` on its first call and `then` on every later call."""
+    """A path that runs `base` on its first `unchanged_calls` calls and `then` on every later call."""
 
     name: str
     base: Any
     then: Any
     calls: int = field(default=0)
+    unchanged_calls: int = 1
 
     def run(self, inputs: torch.Tensor) -> PathOutput:
         self.calls += 1
-        return (self.base if self.calls == 1 else self.then).run(inputs)
+        return (self.base if self.calls <= self.unchanged_calls else self.then).run(inputs)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,71 @@ def test_a_nondeterministic_candidate_is_reported_with_the_tensor_named():
     assert result.deterministic is False
     assert result.nondeterministic_tensors == ("total",)
     assert result.status == "pass"  # reported, not failed: both runs are within the bound
+
+
+REPEATABLE = Rule(runs=3, bitwise_repeatable=True)
+
+
+def test_under_a_repeatability_rule_a_candidate_whose_third_run_differs_fails():
+    """Three runs are made: a change on the third run alone is caught (and missed by the default rule's two)."""
+    def third_run_nudged():
+        return ChangesAfterFirstCall("fp32 accumulation", base=CANDIDATE, then=TotalOneUlpUp(CANDIDATE), unchanged_calls=2)
+
+    assert run_case(toy_lever(candidate=third_run_nudged()), toy_case(0)).deterministic is True
+    result = run_case(toy_lever(candidate=third_run_nudged(), rule=REPEATABLE, rule_reason="toy"), toy_case(0))
+    assert result.status == "fail" and result.deterministic is False and result.runs == 3
+    assert result.failures == (
+        f"candidate total: not bitwise repeatable over 3 runs: 1 of 1 elements differ from its first run (relative"
+        f" {result.candidate_spread[0].relative:.2e}, largest {result.candidate_spread[0].max_abs:.3g})",
+    )
+    spread = result.candidate_spread[0]
+    assert (spread.tensor, spread.runs, spread.differing_elements, spread.elements) == ("total", 3, 1, 1)
+    assert 0 < spread.relative < 1e-6 and spread.max_abs > 0
+
+
+def test_under_a_repeatability_rule_a_control_inside_the_bound_fails_by_its_spread():
+    """A control that changes only low bits between runs has power under the repeatability rule and none under
+    the default rule."""
+    def flaky_control():
+        return Control(name="total nudged after the first run", path=ChangesAfterFirstCall(
+            "fp32 accumulation (nudged)", base=CANDIDATE, then=TotalOneUlpUp(CANDIDATE)))
+
+    result = run_case(toy_lever(controls=(flaky_control(),), rule=REPEATABLE, rule_reason="toy"), toy_case(0))
+    assert result.status == "pass", result.failures
+    control = result.controls[0]
+    assert not control.fails_bound and control.fails_repeatability and control.fails
+    assert [s.tensor for s in control.spread] == ["total"]
+    powerless = run_case(toy_lever(controls=(flaky_control(),)), toy_case(0))
+    assert powerless.status == "fail" and powerless.controls[0].spread is None
+    assert powerless.failures[0].startswith("negative control 'total nudged after the first run' passes the bound")
+    repeatable = Control(name="no-op", path=Mutated(base=CANDIDATE, mutation="nothing", mutate=lambda x: x))
+    result = run_case(toy_lever(controls=(repeatable,), rule=REPEATABLE, rule_reason="toy"), toy_case(0))
+    assert result.failures[0].endswith("and is bitwise repeatable over 3 runs: no power on this case")
+
+
+def test_the_default_spread_is_recorded_and_not_judged():
+    flaky_default = ChangesAfterFirstCall("bf16 accumulation", base=DEFAULT, then=TotalOneUlpUp(DEFAULT), unchanged_calls=2)
+    result = run_case(toy_lever(default=flaky_default, rule=REPEATABLE, rule_reason="toy"), toy_case(0))
+    assert result.status == "pass", result.failures
+    assert [s.tensor for s in result.default_spread] == ["total"] and result.default_spread[0].runs == 3
+    assert result.candidate_spread == () and result.deterministic is True
+
+
+def test_a_repeatability_record_round_trips_through_json(tmp_path):
+    flaky = Control(name="total nudged after the first run", path=ChangesAfterFirstCall(
+        "fp32 accumulation (nudged)", base=CANDIDATE, then=TotalOneUlpUp(CANDIDATE)))
+    record = run_lever(toy_lever(controls=(flaky,), rule=REPEATABLE, rule_reason="toy"))
+    path = results_module.write_record(record, tmp_path)
+    data = results_module.read_record(path)
+    assert data["lever"]["rule"]["runs"] == 3 and data["lever"]["rule"]["bitwise_repeatable"] is True
+    control = data["cases"][0]["controls"][0]
+    assert control["fails"] and not control["fails_bound"] and control["spread"][0]["tensor"] == "total"
+    assert results_module.LeverRecord.from_json(data) == record
+
+
+def test_a_rule_refuses_fewer_than_two_runs():
+    with pytest.raises(ValueError, match="runs must be an integer of at least 2"):
+        Rule(runs=1)
 
 
 def test_a_path_raising_path_unavailable_skips_the_case_with_its_reason():
@@ -457,6 +523,7 @@ def test_run_lever_records_every_case_and_the_declaration():
         "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": None,
         "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,
         "systematic_noise_sigmas": lever.rule.systematic_noise_sigmas,
+        "runs": 2, "bitwise_repeatable": False,
     }
     assert record.lever["slicing"] is None and record.lever["invariants"] == []
     assert record.recipe == RECIPE

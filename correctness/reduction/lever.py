@@ -40,6 +40,8 @@ from correctness.optimizer.layout import SMOKE, ParamScale, param_slices
 from correctness.recipes import Recipe, lever_recipe
 from correctness.reduction.plan import (
     DP_SIZES,
+    DTYPE_PATHS,
+    RankPath,
     MAX_RANKS,
     ReductionPlan,
     digest,
@@ -49,7 +51,7 @@ from correctness.reduction.plan import (
     tensor_name,
     unpack,
 )
-from correctness.reduction.ranks import PATHS, from_portable, reduce_on_ranks
+from correctness.reduction.ranks import from_portable, reduce_on_ranks
 from correctness.results import CaseResult
 from references.gradient_sum import fp64_sum
 
@@ -140,8 +142,8 @@ class ReductionInputs:
             if out["digest"] != digest(self.gradients(rank)):
                 raise RuntimeError(f"rank {rank} drew other gradients than the reference sums (digests differ)")
         runs: dict[str, list[dict[str, torch.Tensor]]] = {}
-        for path, _, count, _ in PATHS:
-            runs[path] = [self._assemble(ranks, path, run) for run in range(count)]
+        for path in plan.paths:
+            runs[path.name] = [self._assemble(ranks, path.name, run) for run in range(path.runs)]
         self._details = {
             "ranks": plan.world_size, "dp_sizes": list(plan.dp_sizes), "collective": plan.collective,
             "backend": self.shape.backend, "distributed_run_seconds": round(seconds, 3),
@@ -173,7 +175,7 @@ class ReductionInputs:
 
 @dataclass(frozen=True)
 class GradSync:
-    """A path: one of the ranks' syncs (correctness.reduction.ranks.PATHS), read from the case's run."""
+    """A path: one of the ranks' syncs (the plan's `paths`), read from the case's run."""
 
     name: str
     path: str  # "candidate", "default" or "control"
@@ -261,8 +263,20 @@ def _first_layer_specs(recipe: Recipe, model, scale: ParamScale) -> tuple[str, t
     return model.layer_kind(LAYER), tuple((s.name, s.shape) for s in dense)
 
 
-def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: LeverOptions,
-                    ranks_available: int = MAX_RANKS) -> Lever:
+@dataclass(frozen=True)
+class ReductionSetup:
+    """What a reduction lever needs from the recipe: its shape, its cases (seeded plans of the
+    given rank paths) and the recipe's reference."""
+
+    shape: ReductionShape
+    cases: tuple[Case, ...]
+    recipe_ref: Any
+
+
+def reduction_setup(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: LeverOptions,
+                    paths: tuple[RankPath, ...] = DTYPE_PATHS, ranks_available: int = MAX_RANKS) -> ReductionSetup:
+    """The shape and cases of a reduction lever at the recipe: TP rank 0's first-layer slices, DP
+    2, 4 and 8 and the recipe's own, the recipe's collective and gradient scaling."""
     if recipe.precision != "bf16":
         raise NotApplicable(f"recipe {recipe.id} trains in {recipe.precision}: --grad-reduce-in-bf16 is a BF16 training lever")
     if recipe.argument("--ddp-average-in-collective") is not None:
@@ -303,7 +317,7 @@ def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
 
     def make_inputs(device, seed: int) -> ReductionInputs:
         plan = draw_plan(seed=seed, specs=specs, dp_sizes=runnable, collective=collective,
-                         per_token_loss=per_token_loss, device=tier.device)
+                         per_token_loss=per_token_loss, device=tier.device, paths=paths)
         return ReductionInputs(shape=shape, plan=plan)
 
     cases = tuple(
@@ -311,8 +325,15 @@ def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
              make_inputs=lambda device, seed=seed: make_inputs(device, seed), skip_reason=skip_reason)
         for seed in SEEDS
     )
+    return ReductionSetup(shape=shape, cases=cases, recipe_ref=recipe.ref_for(model))
+
+
+def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: LeverOptions,
+                    ranks_available: int = MAX_RANKS) -> Lever:
+    setup = reduction_setup(recipe, tier=tier, scale=scale, options=options, ranks_available=ranks_available)
+    collective = setup.shape.collective
     return Lever(
-        name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,
+        name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=setup.recipe_ref, cases=setup.cases,
         candidate=GradSync(f"bf16-{collective}", "candidate", "bf16"),
         default=GradSync(f"fp32-{collective}", "default", "fp32"),
         reference=Fp64Sum("fp64-sum"),

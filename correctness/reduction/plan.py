@@ -42,6 +42,33 @@ BUCKET_ALIGN = 128  # and the bucket's end to a multiple of lcm(DP, this)
 
 COLLECTIVES = ("reduce-scatter", "all-reduce")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SUM, RANK_DROPPED, ORDER_VARIES = "sum", "rank dropped", "order varies"  # RankPath.variant
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankPath:
+    """One sync every rank runs `runs` times: `name` is what the lever's path reads ("candidate",
+    "default", "control"), `dtype` the buffer's, `variant` what it sums (SUM: Megatron's
+    collective; RANK_DROPPED: one rank's gradient left out; ORDER_VARIES: the ranks' buffers
+    gathered and summed in another order on each run, as a reduction whose order depends on
+    timing would). `deterministic`: torch.use_deterministic_algorithms(True) around the runs;
+    `env`: environment variables set while its process groups are made and run (NCCL_ALGO, which
+    NCCL reads when a group's communicator starts; paths with other `env` get groups of their own)."""
+
+    name: str
+    dtype: str
+    runs: int
+    variant: str = SUM
+    deterministic: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# The gradient-reduction-dtype lever's syncs: BF16 against FP32, one rank dropped as the control.
+DTYPE_PATHS = (
+    RankPath(name="candidate", dtype="bf16", runs=2),
+    RankPath(name="default", dtype="fp32", runs=2),
+    RankPath(name="control", dtype="bf16", runs=1, variant=RANK_DROPPED),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +123,7 @@ class ReductionPlan:
     per_token_loss: bool  # True: gradient_scaling_factor 1.0; False: 1/dp, multiplied into the buffer first
     device: str  # "cpu" (gloo) or "cuda" (NCCL, one GPU per rank)
     dropped: tuple[tuple[int, int], ...]  # (dp, rank) the control drops in each DP group of 2 ranks or more
+    paths: tuple[RankPath, ...] = DTYPE_PATHS
 
     @property
     def world_size(self) -> int:
@@ -145,7 +173,7 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def draw_plan(*, seed: int, specs: tuple[tuple[str, tuple[int, ...]], ...], dp_sizes: tuple[int, ...],
-              collective: str, per_token_loss: bool, device: str) -> ReductionPlan:
+              collective: str, per_token_loss: bool, device: str, paths: tuple[RankPath, ...] = DTYPE_PATHS) -> ReductionPlan:
     """A case's plan: per-tensor scales and per-rank factors drawn from the seed; the control drops,
     in each DP group of 2 ranks or more, the rank with the smallest factor (its gradient is the
     hardest to miss)."""
@@ -166,7 +194,7 @@ def draw_plan(*, seed: int, specs: tuple[tuple[str, tuple[int, ...]], ...], dp_s
         seed=seed,
         tensors=tuple(TensorSpec(name=name, shape=tuple(shape), scale=scale) for (name, shape), scale in zip(specs, scales)),
         rank_factors=factors, dp_sizes=tuple(dp_sizes), collective=collective,
-        per_token_loss=per_token_loss, device=device, dropped=dropped,
+        per_token_loss=per_token_loss, device=device, dropped=dropped, paths=paths,
     )
 
 

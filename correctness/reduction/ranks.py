@@ -11,6 +11,9 @@ every size. In each subgroup, every path's sync runs on that rank's own gradient
 - control: the candidate with one rank's gradient dropped from the sum (that rank's buffer stays
   zero, as if its gradients never reached it; the rank still joins the collective).
 
+Those are the gradient-reduction-dtype lever's paths (plan.DTYPE_PATHS); a plan may carry others
+(the deterministic-mode lever's: plan.RankPath).
+
 One sync (`grad_sync`) is megatron-core 0.16's `_ParamAndGradBuffer` and
 `_ParamAndGradBucketGroup.start_grad_sync` (param_and_grad_buffer.py) without overlap: the grads
 written into a zeroed flat buffer of the reduction dtype at Megatron's offsets (`copy_` into the
@@ -30,21 +33,38 @@ is returned as None (the parent reuses the first run's tensor: the same bits), t
 At DP 1 the control drops nothing (there is no other rank to sum; plan.dropped_rank).
 """
 
+import contextlib
+import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from correctness.reduction.plan import DTYPES, BufferLayout, ReductionPlan, digest, rank_gradients
+from correctness.reduction.plan import (
+    DTYPES, ORDER_VARIES, RANK_DROPPED, BufferLayout, RankPath, ReductionPlan, digest, rank_gradients,
+)
 
-# (path, reduction dtype, runs, drops a rank)
-PATHS = (("candidate", "bf16", 2, False), ("default", "fp32", 2, False), ("control", "bf16", 1, True))
+
+def summed_in_varying_order(buffer: torch.Tensor, group: Any, run: int) -> torch.Tensor:
+    """The group's buffers gathered and summed one after another in the buffer's dtype, starting at
+    the group rank `run` (mod the group's size): another order of addition on each run."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    gathered = [torch.empty_like(buffer) for _ in range(size)]
+    dist.all_gather(gathered, buffer, group=group)
+    total = gathered[run % size].clone()
+    for step in range(1, size):
+        total += gathered[(run + step) % size]
+    return total
 
 
 def grad_sync(gradients: dict[str, torch.Tensor], plan: ReductionPlan, layout: BufferLayout, dtype: torch.dtype,
-              group: Any, group_rank: int, device: torch.device, drop: bool) -> torch.Tensor:
+              group: Any, group_rank: int, device: torch.device, drop: bool, order_run: int | None = None) -> torch.Tensor:
     """One gradient sync of Megatron's DDP on this rank: its shard (reduce-scatter) or the whole
-    reduced buffer (all-reduce), in the buffer's dtype."""
+    reduced buffer (all-reduce), in the buffer's dtype. `order_run`: in place of the collective,
+    the buffers summed in an order that moves with the run (summed_in_varying_order)."""
     import torch.distributed as dist
 
     buffer = torch.zeros(layout.numel, dtype=dtype, device=device)
@@ -54,6 +74,12 @@ def grad_sync(gradients: dict[str, torch.Tensor], plan: ReductionPlan, layout: B
     factor = plan.scaling_factor(layout.dp)
     if factor != 1.0:
         buffer *= factor
+    if order_run is not None:
+        total = summed_in_varying_order(buffer, group, order_run)
+        if plan.distributed_optimizer:
+            low, high = layout.shard(group_rank)
+            return total[low:high].clone()
+        return total
     with dist._coalescing_manager(group, async_ops=False):
         if plan.distributed_optimizer:
             low, high = layout.shard(group_rank)
@@ -84,6 +110,24 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+@contextlib.contextmanager
+def path_settings(path: RankPath) -> Iterator[None]:
+    """The path's environment and torch's deterministic-algorithms switch, restored after."""
+    saved_env = {name: os.environ.get(name) for name, _ in path.env}
+    saved_deterministic = torch.are_deterministic_algorithms_enabled()
+    os.environ.update(dict(path.env))
+    torch.use_deterministic_algorithms(path.deterministic)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved_deterministic)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -96,21 +140,28 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
         device = torch.device("cpu")
     groups = {}
     for dp in plan.dp_sizes:  # every rank calls new_group for every subgroup, members or not
-        group = dist.new_group(list(range(dp)), backend="nccl" if plan.device == "cuda" else None)
-        if rank < dp:
-            groups[dp] = group
+        for env in dict.fromkeys(path.env for path in plan.paths):  # paths of one environment share a group
+            with path_settings(RankPath(name="groups", dtype="fp32", runs=1, env=env)):
+                group = dist.new_group(list(range(dp)), backend="nccl" if plan.device == "cuda" else None)
+            if rank < dp:
+                groups[(dp, env)] = group
     gradients = rank_gradients(plan, rank)
     out: dict[str, Any] = {"digest": digest(gradients), "runs": {}}
     gradients = {name: tensor.to(device) for name, tensor in gradients.items()}
-    for dp, group in groups.items():
+    for dp in plan.dp_sizes:
+        if rank >= dp:
+            continue
         layout = plan.layout(dp)
-        group_rank = dist.get_rank(group)
         dropped = plan.dropped_rank(dp)
-        for path, dtype, runs, drops in PATHS:
+        for path in plan.paths:
+            group = groups[(dp, path.env)]
+            group_rank = dist.get_rank(group)
             results, digests, firsts = [], [], []
-            for run in range(runs):
-                result = grad_sync(gradients, plan, layout, DTYPES[dtype], group, group_rank, device,
-                                   drop=drops and rank == dropped).cpu()
+            for run in range(path.runs):
+                with path_settings(path):
+                    result = grad_sync(gradients, plan, layout, DTYPES[path.dtype], group, group_rank, device,
+                                       drop=path.variant == RANK_DROPPED and rank == dropped,
+                                       order_run=run if path.variant == ORDER_VARIES else None).cpu()
                 digests.append(digest({"result": result}))
                 keep = plan.distributed_optimizer or rank == 0
                 if not keep or (run > 0 and _same_bits(result, firsts[0])):
@@ -118,7 +169,7 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
                 else:
                     results.append(portable(result))
                 firsts.append(result)
-            out["runs"][(dp, path)] = {"tensors": results, "digests": digests}
+            out["runs"][(dp, path.name)] = {"tensors": results, "digests": digests}
     if plan.device == "cuda":
         out["nccl_version"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     return out

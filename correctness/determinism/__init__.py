@@ -1,0 +1,1 @@
+"""The deterministic-mode lever: Megatron's --deterministic-mode, judged by bitwise repeatability."""
