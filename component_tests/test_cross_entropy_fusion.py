@@ -6,27 +6,20 @@ and FP64 over the full vocabulary, at TP 1 and TP 2."""
 import pytest
 
 from correctness.cross_entropy import lever as cross_entropy
-
-GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
-NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+from correctness.recipe_sets import at_recipes
 
 
-def both_recipes(tier):
-    """The tier's levers at both fixture recipes (with --recipe, the plugin keeps one per lever)."""
-    return lambda options: [lever for recipe in (GEMMA, NEMOTRON) for lever in tier(recipe, options)]
-
-
-@pytest.mark.levers(factory=both_recipes(cross_entropy.recipe_gpu_tier))
+@pytest.mark.levers(factory=at_recipes(cross_entropy.recipe_gpu_tier))
 def test_cross_entropy_fusion_with_te(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=both_recipes(cross_entropy.megatron_gpu_tier))
+@pytest.mark.levers(factory=at_recipes(cross_entropy.megatron_gpu_tier))
 def test_cross_entropy_fusion_native_on_gpu(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=both_recipes(cross_entropy.cpu_tier))
+@pytest.mark.levers(factory=at_recipes(cross_entropy.cpu_tier))
 def test_cross_entropy_fusion_native_on_cpu(lever, case, lever_check):
     """Megatron's own fused and unfused functions on 1 and 2 gloo ranks, on the CPU."""
     lever_check(lever, case)

@@ -5,28 +5,21 @@ bitwise repeatable over three runs, against the same kernels with nondeterminism
 import pytest
 
 from correctness.determinism import lever as determinism
-
-GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
-NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
+from correctness.recipe_sets import at_recipes
 
 
-def both_recipes(tier):
-    """The tier's levers at both fixture recipes (with --recipe, the plugin keeps one per lever)."""
-    return lambda options: [lever for recipe in (GEMMA, NEMOTRON) for lever in tier(recipe, options)]
-
-
-@pytest.mark.levers(factory=both_recipes(determinism.recipe_gpu_tier))
+@pytest.mark.levers(factory=at_recipes(determinism.recipe_gpu_tier))
 def test_deterministic_mode_te_attention(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=both_recipes(determinism.gpu_tier))
+@pytest.mark.levers(factory=at_recipes(determinism.gpu_tier))
 def test_deterministic_mode_on_gpu(lever, case, lever_check):
     """Each torch SDPA backend, and NCCL with NCCL_ALGO=Ring over this machine's GPUs."""
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=both_recipes(determinism.cpu_tier))
+@pytest.mark.levers(factory=at_recipes(determinism.cpu_tier))
 def test_deterministic_mode_on_cpu(lever, case, lever_check):
     """torch SDPA's flash CPU kernel, and gloo ranks at DP 2, 4 and 8."""
     lever_check(lever, case)

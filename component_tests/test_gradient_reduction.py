@@ -10,45 +10,24 @@ repeat that fails, an error or a broken run still fail the test. Where the recip
 (`--grad-reduce-in-bf16`, e.g. a user's recipe run with --recipe), the failure fails the test.
 """
 
-import re
-
 import pytest
 
 from correctness.reduction import lever as reduction
-
-GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
-NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
-OUTSIDE_BOUND = re.compile(r"candidate( \(repeat\))? dp\d+/\S+: error \S+ > bound \S+ \(default error \S+\); worst element ")
-
-
-def both_recipes(tier):
-    """The tier's levers at both fixture recipes (with --recipe, the plugin keeps one per lever)."""
-    return lambda options: [lever for recipe in (GEMMA, NEMOTRON) for lever in tier(recipe, options)]
+from correctness.recipe_sets import at_recipes
 
 
 def check_reduction(lever, case, lever_check):
-    if case.shape.recipe_reduces_in == "bf16":
-        lever_check(lever, case)
-        return
-    try:
-        lever_check(lever, case)
-    except pytest.fail.Exception as failed:
-        failures = [line[4:] for line in str(failed).splitlines() if line.startswith("  - ")]
-        if not failures or not all(OUTSIDE_BOUND.match(line) for line in failures):
-            raise
-        outside = sum(not line.startswith("candidate (repeat)") for line in failures)
-        pytest.xfail(
-            f"BF16 reduction outside the bound on {outside} tensors (record verdict: fail); the recipe reduces in"
-            " FP32, so this is evidence about --grad-reduce-in-bf16, not about the recipe"
-        )
+    lever_check(lever, case, expected_failure=None if case.shape.recipe_reduces_in == "bf16" else (
+        "BF16 reduction judged for a recipe that reduces in FP32: evidence about --grad-reduce-in-bf16, not about"
+        " the recipe"))
 
 
-@pytest.mark.levers(factory=both_recipes(reduction.gpu_tier))
+@pytest.mark.levers(factory=at_recipes(reduction.gpu_tier))
 def test_gradient_reduction_dtype_nccl(lever, case, lever_check):
     check_reduction(lever, case, lever_check)
 
 
-@pytest.mark.levers(factory=both_recipes(reduction.cpu_tier))
+@pytest.mark.levers(factory=at_recipes(reduction.cpu_tier))
 def test_gradient_reduction_dtype_cpu(lever, case, lever_check):
     """torch.distributed on gloo ranks: DP 2, 4 and 8 (and the recipe's own) in one run of 8 ranks."""
     check_reduction(lever, case, lever_check)

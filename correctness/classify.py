@@ -57,6 +57,7 @@ class ArgumentRule:
     levers: tuple[str, ...] = ()  # every lever whose component test a change of it needs
     default: tuple[str, ...] | None = None
     unordered: bool = False
+    no_lever: str | None = None  # a numerics argument without a lever: why there is none
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _text(value: Any, where: str, source: str) -> str:
 def _argument_rule(flag: str, entry: Any, levers: Mapping[str, LeverRule], source: str) -> ArgumentRule:
     if not isinstance(entry, dict):
         raise RulesError(f"rules {source}: {flag} must be a mapping")
-    unexpected = set(entry) - {"class", "reason", "lever", "default", "unordered"}
+    unexpected = set(entry) - {"class", "reason", "lever", "default", "unordered", "no_lever"}
     if unexpected:
         raise RulesError(f"rules {source}: {flag} has unknown keys {sorted(unexpected)}")
     klass = entry.get("class")
@@ -105,13 +106,17 @@ def _argument_rule(flag: str, entry: Any, levers: Mapping[str, LeverRule], sourc
         if klass != "numerics" or lever not in levers:
             raise RulesError(f"rules {source}: {flag} names lever {lever!r}: only numerics arguments name a lever, "
                              f"one of {', '.join(levers)}")
+    no_lever = entry.get("no_lever")
+    if no_lever is not None and (klass != "numerics" or named_levers):
+        raise RulesError(f"rules {source}: {flag} gives no_lever: only a numerics argument without a lever says why it has none")
     default = entry.get("default")
     if default is not None:
         if not isinstance(default, list) or not all(isinstance(word, str) for word in default):
             raise RulesError(f"rules {source}: {flag} default must be a list of strings")
         default = tuple(default)
     return ArgumentRule(klass=klass, reason=_text(entry.get("reason"), f"{flag} reason", source),
-                        levers=named_levers, default=default, unordered=bool(entry.get("unordered", False)))
+                        levers=named_levers, default=default, unordered=bool(entry.get("unordered", False)),
+                        no_lever=None if no_lever is None else _text(no_lever, f"{flag} no_lever", source))
 
 
 def parse_rules(data: Any, source: str) -> Rules:

@@ -3,8 +3,8 @@
 `facts_from_config(path)` reads a model's config.json (or a folder holding one) and returns its
 model facts, the same data fixtures/models/<name>.yaml holds (correctness.models.ModelFacts reads
 both): the config's own fields give layers, sizes, heads, key-value heads, head dims, layer kinds,
-windows, softcaps, scales, RoPE, experts and Mamba sizes; the family of the config's
-`architectures[0]` in correctness/families.yaml gives what the config cannot say (Megatron's
+windows, softcaps, scales, RoPE, experts, the MLP's activation and Mamba sizes; the family of the
+config's `architectures[0]` in correctness/families.yaml gives what the config cannot say (Megatron's
 parameter names and fused layouts, fixed scales, norms, sinks). A field missing or contradicting
 another, a layer type or architecture the table does not know: ModelFactsError, one line naming the
 field, never a guess.
@@ -249,6 +249,30 @@ def _moe(cfg: _Config) -> dict[str, Any] | None:
     return moe
 
 
+# Hugging Face's activation names (transformers' ACT2FN keys) -> the facts' names of the function
+# applied to an MLP's (gate) projection.
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+               "gelu_fast": "gelu_tanh", "gelu": "gelu", "relu2": "squared_relu", "relu": "relu"}
+ACTIVATION_FIELDS = ("hidden_act", "hidden_activation", "mlp_hidden_act")
+
+
+def _mlp(cfg: _Config) -> dict[str, Any]:
+    """The MLP's activation (`activation`: the function on the gate half, or on the one projection of
+    an ungated MLP) and, where the config clamps it (GPT-OSS's swiglu_limit), `clamp`; whether it is
+    gated comes from the family. A config naming no activation leaves it out (no default is guessed)."""
+    mlp: dict[str, Any] = {}
+    field = next((key for key in ACTIVATION_FIELDS if cfg.has(key)), None)
+    if field is not None:
+        name = cfg.get(field)
+        if name not in ACTIVATIONS:
+            raise cfg.error(f"field {field} names the activation {name!r}, not one the facts know"
+                            f" ({', '.join(sorted(ACTIVATIONS))})")
+        mlp["activation"] = ACTIVATIONS[name]
+    if cfg.has("swiglu_limit"):
+        mlp["clamp"] = float(cfg.number("swiglu_limit"))
+    return mlp
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`over` laid over `base`, mapping by mapping."""
     merged = dict(base)
@@ -308,6 +332,7 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     if "ffn_gated" in family.get("facts", {}):
         facts["ffn_hidden_size"] = cfg.count("intermediate_size", needed_for="ffn_hidden_size")
     facts["vocab_size"] = cfg.count("vocab_size", needed_for="vocab_size")
+    facts["mlp"] = _mlp(cfg)
     tied = fields.get("tie_word_embeddings", top.get("tie_word_embeddings", True))  # transformers' default
     facts["tied_embeddings"] = bool(tied)
     moe = _moe(cfg)

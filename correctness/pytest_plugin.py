@@ -21,6 +21,7 @@ usable megatron-core).
 import datetime
 import hashlib
 import os
+import re
 import shutil
 import time
 import uuid
@@ -215,13 +216,35 @@ _RUN_TOKEN = pytest.StashKey[str]()
 PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
 
 
+# A failure that is the candidate's own: a tensor (or its slices) outside the bound, or, under
+# --strict-systematic, flagged systematic. Any other failure (a control that passes, the default's
+# repeat outside the bound, NaN, a broken invariant, an error) is never expected.
+CANDIDATE_OUTSIDE = re.compile(
+    r"candidate( \(repeat\))? (?P<tensor>\S+): (error \S+ > bound|\d+ of \d+ slices|systematic error)"
+)
+
+
+def candidate_tensors_outside(result: CaseResult) -> list[str] | None:
+    """The candidate's tensors outside the rule, where every failure of the case is one of them;
+    else None."""
+    matches = [CANDIDATE_OUTSIDE.match(failure) for failure in result.failures]
+    if not matches or not all(matches):
+        return None
+    return list(dict.fromkeys(match["tensor"] for match in matches))
+
+
 @pytest.fixture
 def lever_check(request):
-    """lever_check(lever, case): run the case, keep its result for the lever's record, and fail
-    with the full report (or skip with the reason) as the case decides."""
+    """lever_check(lever, case, expected_failure=None): run the case, keep its result for the
+    lever's record, and fail with the full report (or skip with the reason) as the case decides.
+
+    `expected_failure`: where the lever's true verdict is a fail that says nothing against the
+    recipe (BF16 reduction judged for a recipe that reduces in FP32), the reason; a case that
+    fails only by the candidate's tensors outside the rule is then marked xfail with it (the record
+    keeps `fail`). Any other failure still fails the test."""
     runs = request.config.stash[_RUNS]
 
-    def check(lever: Lever, case: Case) -> CaseResult:
+    def check(lever: Lever, case: Case, expected_failure: str | None = None) -> CaseResult:
         run = runs.setdefault(
             _run_key(lever.recipe.id, lever.record_id),
             _LeverRun(lever=lever, started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
@@ -233,6 +256,11 @@ def lever_check(request):
         if result.status == "skip":
             pytest.skip(result.skip_reason)
         if result.status == "fail":
+            outside = candidate_tensors_outside(result) if expected_failure else None
+            if outside:
+                shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+                pytest.xfail(f"candidate outside the rule on {len(outside)} tensors ({shown}; record verdict: fail):"
+                             f" {expected_failure}")
             pytest.fail(case_report(lever.name, result), pytrace=False)
         return result
 

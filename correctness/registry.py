@@ -6,16 +6,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from correctness.adam_precision import lever as adam_precision
 from correctness.attention import entry as attention_entry
 from correctness.attention import lever as attention
 from correctness.attention import packing
 from correctness.attention import softmax_precision
 from correctness.cross_entropy import lever as cross_entropy
 from correctness.determinism import lever as determinism
+from correctness.fp8 import lever as fp8
+from correctness.grad_accumulation import lever as grad_accumulation
 from correctness.loss import packing as packed_loss
+from correctness.mlp import lever as swiglu
+from correctness.moe import grouped_gemm_lever as grouped_gemm
+from correctness.moe import permute_lever as permute
 from correctness.optimizer import entry as offload_entry
 from correctness.optimizer import lever as offload
 from correctness.reduction import lever as reduction
+from correctness.rope import lever as rope
+from correctness.router import lever as router
 
 
 RECIPE_GPU = "recipe-gpu"  # in `tiers`: the recipe's own GPU's tier (h100, h200: correctness.tiers)
@@ -46,6 +54,15 @@ KNOWN_LEVERS = {
         KnownLever(name=cross_entropy.NAME, version=cross_entropy.VERSION,
                    tiers=("megatron-cpu", "megatron", RECIPE_GPU)),
         KnownLever(name=determinism.NAME, version=determinism.VERSION, tiers=("cpu", "gpu", RECIPE_GPU)),
+        KnownLever(name=swiglu.NAME, version=swiglu.VERSION, tiers=("megatron-cpu", "megatron")),
+        KnownLever(name=router.NAME, version=router.VERSION, tiers=("megatron-cpu", "megatron")),
+        KnownLever(name=grouped_gemm.NAME, version=grouped_gemm.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
+        KnownLever(name=permute.EXACT_NAME, version=permute.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
+        KnownLever(name=permute.SUMS_NAME, version=permute.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
+        KnownLever(name=rope.NAME, version=rope.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
+        KnownLever(name=fp8.NAME, version=fp8.VERSION, tiers=("cpu", RECIPE_GPU)),
+        KnownLever(name=adam_precision.NAME, version=adam_precision.VERSION, tiers=("cpu", RECIPE_GPU)),
+        KnownLever(name=grad_accumulation.NAME, version=grad_accumulation.VERSION, tiers=("megatron-cpu", "megatron")),
     )
 }
 

@@ -18,16 +18,6 @@ from references.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
 
-def _megatron_usable() -> str | None:
-    try:
-        import megatron.core  # noqa: F401
-    except Exception as error:  # as the plugin's `megatron` marker
-        return f"megatron-core is not usable here: {type(error).__name__}: {error}"
-    return None
-
-
-needs_megatron = pytest.mark.skipif(_megatron_usable() is not None, reason=str(_megatron_usable()))
-
 
 @pytest.mark.parametrize("tp", [1, 2, 3])
 @pytest.mark.parametrize("offset", [0.0, cross_entropy.LARGE_OFFSET])
@@ -96,7 +86,7 @@ def test_the_native_tiers_do_not_stand_for_a_recipe_that_fuses_with_te():
     assert cross_entropy.fusion_impl(with_flags("--cross-entropy-loss-fusion")) == "native"  # Megatron's default
 
 
-@needs_megatron
+@pytest.mark.megatron
 def test_cpu_tier_end_to_end_on_a_seed_recipe():
     """Every case runs Megatron's fused and unfused functions on gloo ranks (one spawn for the
     lever); the controls fail on every case they apply to, the overflow control by its Inf and NaN;
@@ -136,7 +126,7 @@ def raise_on_rank_one(logits, labels, tp_group):
     return resolve(FUSED)(logits, labels, tp_group)
 
 
-@needs_megatron
+@pytest.mark.megatron
 def test_a_rank_that_raises_fails_the_case_in_one_line():
     raising = Call(f"{__name__}:raise_on_rank_one", takes_group=True)
     candidate = cross_entropy.MegatronPath("raising", raising, "raising")
@@ -154,7 +144,7 @@ def test_a_rank_that_raises_fails_the_case_in_one_line():
     assert "rank 1 raised ValueError: rank one refuses" in failure, failure
 
 
-@needs_megatron
+@pytest.mark.megatron
 def test_a_function_that_is_not_there_skips_the_case_with_the_reason():
     """TE's wrapper where Transformer Engine is missing (or gloo refuses its CUDA gather) refuses
     the case: it skips with the reason, it does not fail."""

@@ -7,7 +7,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from correctness.cli import main
-from correctness.classify import load_rules
+from correctness.classify import RulesError, load_rules
 from correctness.fixtures import COMPONENT_TESTS_DIR
 from correctness.registry import KNOWN_LEVERS, RECIPE_GPU
 from correctness.tiers import GPU_MARKERS
@@ -66,3 +66,20 @@ def test_levers_counts_the_numerics_arguments_with_a_lever(capsys):
     assert main(["levers"]) == 0
     out = capsys.readouterr().out
     assert f"numerics arguments with a lever: {data['covered']} of {data['numerics_arguments']}" in out
+
+
+def test_every_numerics_argument_without_a_lever_says_why(capsys):
+    assert main(["levers", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["covered"] >= 22
+    assert all(entry["no_lever"] for entry in data["uncovered"]), data["uncovered"]
+
+
+def test_no_lever_is_refused_on_an_argument_with_a_lever_or_of_another_class(tmp_path):
+    rules = (tmp_path / "rules.yaml")
+    for entry in ("{class: numerics, lever: fp8, reason: r, no_lever: n}", "{class: inert, reason: r, no_lever: n}"):
+        classes = "{placement: p, numerics: n, batching: b, must-match: m, inert: i}"
+        rules.write_text(f"classes: {classes}\nlevers: {{fp8: {{description: d, tests: [x]}}}}\n"
+                         f"arguments:\n  --flag: {entry}\n")
+        with pytest.raises(RulesError, match="--flag gives no_lever: only a numerics argument without a lever"):
+            load_rules(rules)

@@ -64,6 +64,27 @@ def test_the_config_fields_land_where_the_levers_read_them():
     assert [gpt_oss.layer_kind(layer) for layer in range(4)] == ["sliding", "global", "sliding", "global"]
 
 
+@pytest.mark.parametrize("model, activation, gated", [
+    ("Gemma-4-31B", "gelu_tanh", True), ("Nemotron-3-Super-120B-A12B", "squared_relu", False),
+    ("Llama-3.1-8B", "silu", True), ("Qwen3-32B", "silu", True), ("Qwen3-30B-A3B", "silu", True),
+    ("Moonlight-16B-A3B", "silu", True), ("GPT-OSS-20B", "quick_gelu", True),
+])
+def test_the_mlp_activation_comes_from_the_config_and_its_family(model, activation, gated):
+    """The activation each config names (GPT-OSS's family replaces its `silu`: the experts run
+    Megatron's quick_gelu with an offset of 1 on the up half, clamped at the config's swiglu_limit)."""
+    mlp = load_model(model).field("mlp")
+    assert (mlp["activation"], mlp["gated"]) == (activation, gated)
+    if model == "GPT-OSS-20B":
+        config = json.loads((CONFIGS_DIR / model / "config.json").read_text())
+        assert (mlp["glu_linear_offset"], mlp["clamp"]) == (1.0, config["swiglu_limit"])
+    else:
+        assert "clamp" not in mlp and "glu_linear_offset" not in mlp
+
+
+def test_a_config_naming_no_activation_leaves_it_unsaid(tmp_path):
+    assert facts_from_config(config_with(tmp_path))["mlp"] == {"gated": True}
+
+
 def config_with(tmp_path, name="Tiny-Model", **fields):
     base = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
@@ -117,6 +138,7 @@ def test_short_names_join_a_version_to_its_word_only(name, short):
     ({"architectures": ...}, "missing field architectures"),
     ({"layer_types": ["sliding_attention"] * 4}, "missing field sliding_window"),
     ({"num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 32}, "num_experts_per_tok 9 is more than the 8 experts"),
+    ({"hidden_act": "mish"}, "field hidden_act names the activation 'mish', not one the facts know"),
 ])
 def test_a_bad_config_is_refused_in_one_line_naming_the_field(tmp_path, capsys, fields, message):
     folder = config_with(tmp_path, **fields)

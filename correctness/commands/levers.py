@@ -8,7 +8,7 @@ lever, of all numerics arguments, and those without one. A change of a numerics 
 lever needs review (`correctness classify`).
 
 --json: {"levers": [{"name", "version", "tiers", "description", "arguments"}], "numerics_arguments",
-"covered", "uncovered": [{"argument", "reason"}]}.
+"covered", "uncovered": [{"argument", "reason", "no_lever"}]} (`no_lever`: why the argument has no lever).
 """
 
 from correctness.classify import load_rules
@@ -41,7 +41,8 @@ def coverage() -> dict:
         "levers": levers,
         "numerics_arguments": len(numerics),
         "covered": len(covered),
-        "uncovered": [{"argument": flag, "reason": rule.reason} for flag, rule in numerics.items() if not rule.levers],
+        "uncovered": [{"argument": flag, "reason": rule.reason, "no_lever": rule.no_lever}
+                      for flag, rule in numerics.items() if not rule.levers],
     }
 
 
@@ -52,6 +53,7 @@ def run(args) -> int:
     lines.append("")
     lines.append(f"numerics arguments with a lever: {data['covered']} of {data['numerics_arguments']}")
     if data["uncovered"]:
-        lines.append("without one: " + ", ".join(entry["argument"] for entry in data["uncovered"]))
+        lines.append("without one:")
+        lines += [f"  {entry['argument']}: {entry['no_lever'] or entry['reason']}" for entry in data["uncovered"]]
     emit(args, lines, data)
     return EXIT_OK

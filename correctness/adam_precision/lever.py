@@ -1,0 +1,320 @@
+"""The precision-aware Adam lever (`--use-precision-aware-optimizer` with `--main-params-dtype`,
+`--exp-avg-dtype`, `--exp-avg-sq-dtype`): TE FusedAdam with its state in lowered precision against
+TE FusedAdam with FP32 state and the FP64 AdamW reference (references/adamw.py), over the recipe's
+GPU share of the optimizer, for STEPS steps at the recipe's schedule.
+
+What the flags do (megatron-core 0.16.1; the recipes' commit radixark/Megatron-LM 37f91617 has the
+same code): without CPU offload the distributed optimizer hands the BF16 parameter shards to TE
+FusedAdam with `master_weights=True`, `master_weight_dtype`, `exp_avg_dtype`, `exp_avg_sq_dtype` and
+`store_param_remainders` (optimizer/__init__.py 365-387). Under `--optimizer-cpu-offload` Megatron
+builds a HybridDeviceOptimizer instead (__init__.py 306-346) with only lr, weight decay, betas, eps,
+bias correction and `fused`, and FP32 copies (`param_update_in_fp32=True`, 344); its GPU share's
+FusedAdam is built from the parameter groups alone (hybrid_optimizer.py 212), so it keeps FP32
+masters and moments: the three dtype flags are ignored there (optimizer_config.py 389-390 returns
+before the TE check). `--main-grads-dtype` is not this lever's: it reaches megatron-core only in an
+assertion (optimizer_config.py 415-417); Megatron-LM turns `bf16` into a BF16 gradient buffer
+(training/arguments.py 780-787 -> training.py 1316 `grad_reduce_in_fp32`), the
+gradient-reduction-dtype lever's change.
+
+So the lever applies to a recipe that offloads with a GPU share (the offload lever's setting: same
+slices, split, units and gradients) and measures, on exactly the tensors FusedAdam updates there,
+what the lowered dtypes would change where Megatron honours them; each case's shape records
+whether the recipe asks for its dtypes and that Megatron ignores them under offload.
+
+Cases (one per dtype combination; why these): both moments BF16 (the saving Megatron's MoE
+documentation and DeepSeek-V3 use; TE's fused-unscale kernel path), both moments FP8 (Megatron's
+documented "minimum-memory optimizer"), both moments FP16 (the scaled 16-bit format), FP16 masters
+(the only lowered master TE and Megatron accept: `--main-params-dtype` takes fp32 or fp16, TE raises
+for BF16 masters), and FP32 masters kept as BF16 parameters plus int16 remainders (what
+`--use-precision-aware-optimizer` alone gives without offload: Megatron's `store_param_remainders`
+defaults to True), plus the recipe's own combination where it asks for another one.
+
+Tiers: "cpu" (smoke scale: `EmulatedFusedAdam`, a named stand-in for TE's kernel) and the recipe's
+GPU (recipe scale: TE FusedAdam itself). Negative controls: no bias correction, the moments
+re-initialised to zero before every step (the state lost between steps instead of rounded), and, on cases with FP16 or
+FP8 moments, the moments stored without their per-tensor scale.
+"""
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from correctness import tiers
+from correctness.adam_precision.paths import EmulatedFusedAdam, StateDtypes, TeFusedAdamState
+from correctness.adam_precision.state import MASTER_FORMATS, MOMENT_FORMATS
+from correctness.errors import RecipeError
+from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, NotApplicable, Streamed, Tier
+from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks
+from correctness.optimizer.layout import RECIPE, SMOKE, ParamScale
+from correctness.optimizer.lever import OffloadSetting, offload_setting, share_summary
+from correctness.optimizer.paths import Fp64AdamW
+from correctness.optimizer.split import GPU
+from correctness.optimizer.synthetic_values import synthetic_slice
+from correctness.recipes import Recipe
+
+NAME = "precision-aware-adam"
+VERSION = 1
+SYNTHETIC_SEED = 0
+# Iterations 1-5 of the recipe's schedule (lr 0, the warmup to the peak, then the cosine): five
+# roundings of each moment and four updates, each step reading the state the last one rounded, so
+# that the rounding compounds; few enough for the CPU tier's time (20 s for both recipes). Gradients
+# at the offload lever's pre-clip norms, repeated (8, 4, 2, 8, 4): clipped at every step, by a
+# different factor from one step to the next.
+STEPS = 5
+PRECLIP_NORMS = tuple(itertools.islice(itertools.cycle(DEFAULT_PRECLIP_NORMS), STEPS))
+CASE_DTYPES = (
+    StateDtypes(exp_avg="bf16", exp_avg_sq="bf16"),
+    StateDtypes(exp_avg="fp8", exp_avg_sq="fp8"),
+    StateDtypes(exp_avg="fp16", exp_avg_sq="fp16"),
+    StateDtypes(master="fp16"),
+    StateDtypes(remainders=True),
+)
+DESCRIPTION = (
+    "TE FusedAdam with lowered-precision optimizer state (--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype)"
+    " against FP32 state and FP64 over the recipe's GPU share, several steps"
+)
+DTYPE_FLAGS = (("master", "--main-params-dtype", MASTER_FORMATS), ("exp_avg", "--exp-avg-dtype", MOMENT_FORMATS),
+               ("exp_avg_sq", "--exp-avg-sq-dtype", MOMENT_FORMATS))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamPrecisionShape:
+    """What one case updates (the recipe's GPU share of the optimizer) and the state it keeps."""
+
+    model: str
+    scale: str
+    tp_size: int
+    fraction: float
+    tensors: int  # on the GPU share
+    parameters: int  # on the GPU share
+    inventory_parameters: int  # every slice the offload lever splits
+    gpu_tensors: tuple[str, ...]
+    steps: int
+    first_iteration: int
+    preclip_norms: tuple[float, ...]
+    master_dtype: str
+    exp_avg_dtype: str
+    exp_avg_sq_dtype: str
+    store_param_remainders: bool
+    flags: str  # the arguments that ask for this state
+    recipe_dtypes: tuple[str, str, str]  # what the recipe asks for: (master, exp_avg, exp_avg_sq)
+    recipe_requests: bool  # the recipe asks for this case's lowered dtypes
+    honoured_under_offload: bool  # whether Megatron applies them when offloading (0.16: never)
+
+    @property
+    def id(self) -> str:
+        remainders = "-remainders" if self.store_param_remainders else ""
+        return (
+            f"{self.model}-tp{self.tp_size}-gpu-share-f{self.fraction:g}-{self.scale}-{self.steps}steps"
+            f"-p{self.master_dtype}{remainders}-m{self.exp_avg_dtype}-v{self.exp_avg_sq_dtype}"
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, **asdict(self), "gpu_share": self.parameters / self.inventory_parameters}
+
+
+def recipe_dtypes(recipe: Recipe) -> StateDtypes:
+    """The state dtypes the recipe's arguments ask for (Megatron's defaults, fp32, where absent)."""
+    chosen = {}
+    for field, flag, allowed in DTYPE_FLAGS:
+        values = recipe.argument(flag)
+        value = "fp32" if values is None else " ".join(values)
+        if value not in allowed:
+            raise RecipeError(f"recipe {recipe.id}: {flag} {value!r} is not one of Megatron's choices {list(allowed)}")
+        chosen[field] = value
+    return StateDtypes(**chosen)
+
+
+def case_dtypes(requested: StateDtypes) -> tuple[StateDtypes, ...]:
+    """The lever's dtype combinations, and the recipe's own where it asks for another lowered one."""
+    known = {(d.master, d.exp_avg, d.exp_avg_sq) for d in CASE_DTYPES if not d.remainders}
+    own = (requested.master, requested.exp_avg, requested.exp_avg_sq)
+    return CASE_DTYPES if requested.all_fp32 or own in known else (*CASE_DTYPES, requested)
+
+
+def gpu_share_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) -> OffloadSetting:
+    setting = offload_setting(recipe_id, scale, options)
+    if not any(share == GPU for share in setting.shares.values()):
+        raise NotApplicable(
+            f"recipe {setting.recipe.id}: offload fraction {setting.fraction:g} leaves no parameter on the GPU's"
+            " FusedAdam (every one goes to the CPU's torch AdamW)"
+        )
+    return setting
+
+
+def gpu_share_units(setting: OffloadSetting, seed: int, preclip_norms: tuple[float, ...]) -> Iterator[OptimizerUnit]:
+    """The GPU share's units, as the offload lever makes them (correctness.optimizer.inputs.
+    optimizer_units: the same weights and gradients, the clip's global norm over every slice),
+    without drawing the CPU share's values."""
+    scales, norms = gradient_scales(setting.slices, seed, preclip_norms)
+    for param in setting.slices:
+        if setting.shares[param.name] != GPU:
+            continue
+        values = synthetic_slice(param, seed)
+        for rows in row_blocks(param):
+            yield OptimizerUnit(
+                param=param, rows=rows, weights=values[rows[0] : rows[1]],
+                grads=tuple(raw_gradient(param, rows, step, seed) * scales[step] for step in range(len(scales))),
+                grad_norms=tuple(norms), config=setting.config,
+            )
+
+
+class _UnitsOnce:
+    """The GPU share's units drawn once and shared by the `uses` cases of one lever (the CPU tier:
+    a few MB at the smoke scale), let go after the last of them; at the recipe scale (`keep` off)
+    each case streams its own."""
+
+    def __init__(self, setting: OffloadSetting, keep: bool, uses: int):
+        self.setting = setting
+        self.keep = keep
+        self.uses = uses
+        self._units: tuple[OptimizerUnit, ...] | None = None
+        self._served = 0
+
+    def __call__(self) -> Iterable[OptimizerUnit]:
+        if not self.keep:
+            return gpu_share_units(self.setting, SYNTHETIC_SEED, PRECLIP_NORMS)
+        units = self._units or tuple(gpu_share_units(self.setting, SYNTHETIC_SEED, PRECLIP_NORMS))
+        self._served += 1
+        self._units = None if self._served % self.uses == 0 else units
+        return units
+
+
+class SharedAcrossCases:
+    """A deterministic path (the FP64 references) run once per unit, its outputs shared by the
+    `uses` cases of the lever, which differ only in the candidate's state dtypes and so run on the
+    same unit objects (`_UnitsOnce`); each output is let go after its last use, and a unit asked
+    for again is computed again."""
+
+    def __init__(self, path: Implementation, uses: int):
+        self.path = path
+        self.name = path.name
+        self.uses = uses
+        self._outputs: dict[int, list] = {}  # id(unit) -> [unit (keeps the id unique), output, uses left]
+
+    def run(self, unit: "CaseUnit"):
+        entry = self._outputs.get(id(unit.unit))
+        if entry is None:
+            entry = self._outputs[id(unit.unit)] = [unit.unit, self.path.run(unit.unit), self.uses]
+        entry[2] -= 1
+        if entry[2] == 0:
+            del self._outputs[id(unit.unit)]
+        return entry[1]
+
+
+def case_shape(setting: OffloadSetting, dtypes: StateDtypes, requested: StateDtypes) -> AdamPrecisionShape:
+    on_gpu = [p for p in setting.slices if setting.shares[p.name] == GPU]
+    asks = ((requested.master, requested.exp_avg, requested.exp_avg_sq) == (dtypes.master, dtypes.exp_avg,
+            dtypes.exp_avg_sq) and not requested.all_fp32)
+    return AdamPrecisionShape(
+        model=setting.model.short_name, scale=setting.scale.name, tp_size=setting.recipe.tp, fraction=setting.fraction,
+        tensors=len(on_gpu), parameters=sum(p.numel for p in on_gpu),
+        inventory_parameters=sum(p.numel for p in setting.slices), gpu_tensors=tuple(p.name for p in on_gpu),
+        steps=STEPS, first_iteration=1, preclip_norms=PRECLIP_NORMS,
+        master_dtype=dtypes.master, exp_avg_dtype=dtypes.exp_avg, exp_avg_sq_dtype=dtypes.exp_avg_sq,
+        store_param_remainders=dtypes.remainders, flags=dtypes.flags(),
+        recipe_dtypes=(requested.master, requested.exp_avg, requested.exp_avg_sq), recipe_requests=asks,
+        honoured_under_offload=False,
+    )
+
+
+@dataclass(frozen=True)
+class ByCase:
+    """A path whose state dtypes are the case's: each case's units carry them (`CaseUnit`)."""
+
+    make: Callable[[StateDtypes], Implementation]
+    label: str
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def run(self, unit: "CaseUnit"):
+        return self.make(unit.dtypes).run(unit.unit)
+
+
+@dataclass(frozen=True)
+class CaseUnit:
+    """One unit and the state dtypes of the case it belongs to."""
+
+    unit: OptimizerUnit
+    dtypes: StateDtypes
+
+
+@dataclass(frozen=True)
+class OnUnit:
+    """A path that needs only the unit (the default, the references)."""
+
+    path: Implementation
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def run(self, unit: CaseUnit):
+        return self.path.run(unit.unit)
+
+
+def _case_inputs(units: _UnitsOnce, dtypes: StateDtypes) -> Streamed:
+    return Streamed(units=(CaseUnit(unit=unit, dtypes=dtypes) for unit in units()))
+
+
+def _unscaled_inapplicable(case: Case) -> str | None:
+    shape = case.shape
+    if {shape.exp_avg_dtype, shape.exp_avg_sq_dtype} & {"fp16", "fp8"}:
+        return None
+    return (f"no moment has a per-tensor scale here (exp_avg {shape.exp_avg_dtype}, exp_avg_sq"
+            f" {shape.exp_avg_sq_dtype}): only FP16 and FP8 moments are scaled")
+
+
+def precision_lever(
+    setting: OffloadSetting, *, tier: Tier, path: Callable[..., Implementation], keep_units: bool
+) -> Lever:
+    """The lever of both tiers: `path` (a path class taking the state dtypes and the control
+    switches) with the case's dtypes against the same class with FP32 state, and FP64."""
+    requested = recipe_dtypes(setting.recipe)
+    combinations = case_dtypes(requested)
+    units = _UnitsOnce(setting, keep=keep_units, uses=len(combinations))
+    shared = (lambda path: SharedAcrossCases(path, len(combinations))) if keep_units else OnUnit
+    cases = []
+    for dtypes in combinations:
+        shape = case_shape(setting, dtypes, requested)
+        cases.append(Case(
+            id=f"{shape.id}-synthetic-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="synthetic",
+            variant="synthetic-weights", make_inputs=lambda device, dtypes=dtypes: _case_inputs(units, dtypes),
+        ))
+    family = path.family
+    gpu_names = {name: GPU for name, share in setting.shares.items() if share == GPU}
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=setting.recipe.ref_for(setting.model),
+        cases=tuple(cases), candidate=ByCase(make=path, label=f"{family}-lowered-state"),
+        default=OnUnit(path(StateDtypes())), reference=shared(Fp64AdamW()),
+        controls=(
+            Control(name="no bias correction", path=ByCase(
+                make=lambda dtypes: path(dtypes, bias_correction=False), label=f"{family} (no bias correction)")),
+            Control(name="moments zeroed before each step", path=ByCase(
+                make=lambda dtypes: path(dtypes, zero_moments=True),
+                label=f"{family} (moments zeroed before each step)")),
+            Control(name="moments stored unscaled", path=ByCase(
+                make=lambda dtypes: path(dtypes, scaled=False), label=f"{family} (moments stored unscaled)"),
+                why_inapplicable=_unscaled_inapplicable),
+        ),
+        secondary_references=(shared(Fp64AdamW(fp32_hyperparameters=True)),),
+        summarize=share_summary(gpu_names, {p.name: p.numel for p in setting.slices}),
+        cpu_threads=1 if tier.device == "cpu" else None,
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
+    """Smoke scale on the CPU: TE FusedAdam's storage emulated (EmulatedFusedAdam)."""
+    setting = gpu_share_setting(recipe_id, scale, options)
+    return [precision_lever(setting, tier=tiers.CPU, path=EmulatedFusedAdam, keep_units=True)]
+
+
+def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """Recipe scale on the recipe's GPU: TE FusedAdam itself, both the lowered and the FP32 state."""
+    setting = gpu_share_setting(recipe_id, RECIPE, options)
+    return [precision_lever(
+        setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), path=TeFusedAdamState, keep_units=False,
+    )]

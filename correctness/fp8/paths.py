@@ -1,0 +1,188 @@
+"""The paths of the FP8 lever on any device: the FP8 linear as TE's recipe quantises it (with the
+GEMM's named stand-in, correctness.fp8.scaling.fp8_gemm), its deliberate mistakes (the negative
+controls), the BF16 linear (the default), the FP64 reference and the secondary reference (FP64 on
+the FP8 operands themselves, which separates the quantisation from the GEMM's own rounding).
+
+A linear y = x W^T runs three GEMMs, each reading its operands quantised along its contraction
+(TE's Linear; its "rowwise" and "columnwise" usages):
+
+    fprop  y     = x W^T       x along in_features,  W along in_features     (forward format)
+    dgrad  dgrad = dy W        dy along out_features, W along out_features   (dy: backward format)
+    wgrad  wgrad = dy^T x      dy along tokens,       x along tokens
+
+y and dgrad come out in BF16 (the activation dtype); wgrad in FP32 where Megatron's gradient
+accumulation fusion writes it into the FP32 main_grad, else BF16 (--no-gradient-accumulation-fusion).
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from correctness.fp8.inputs import LinearInputs
+from correctness.fp8.scaling import E5M2, Quantized, fp8_gemm, quantize
+from correctness.lever import PathOutput
+from references.linear import linear_forward_backward
+
+SCALE_NOT_APPLIED = "scales not applied on dequantisation"
+E5M2_FORWARD = "E5M2 in the forward where E4M3 is due"
+INPUT_AMAX_OF_WEIGHT = "the input scaled from the weight's amax"
+MISTAKES = (SCALE_NOT_APPLIED, E5M2_FORWARD, INPUT_AMAX_OF_WEIGHT)
+PROBE_ROWS = 16  # the torch._scaled_mm probe: rows of each GEMM's first operand
+PROBE_COLUMNS = 32  # and of its second
+
+
+@dataclass(frozen=True, kw_only=True)
+class Operands:
+    """The six quantised operands of the three GEMMs, each [rows, contraction]."""
+
+    x_fprop: Quantized
+    w_fprop: Quantized
+    dy_dgrad: Quantized
+    w_dgrad: Quantized
+    dy_wgrad: Quantized
+    x_wgrad: Quantized
+
+    def gemms(self) -> dict[str, tuple[Quantized, Quantized]]:
+        return {"y": (self.x_fprop, self.w_fprop), "dgrad": (self.dy_dgrad, self.w_dgrad),
+                "wgrad": (self.dy_wgrad, self.x_wgrad)}
+
+
+def _transposed(q: Quantized) -> Quantized:
+    """One scale per tensor: the transposed copy has the same values (TE transposes the FP8 data)."""
+    return Quantized(data=q.data.t().contiguous(), scale_inv=q.scale_inv, block=None, saturated=q.saturated,
+                     details=q.details)
+
+
+def quantize_operands(inputs: LinearInputs, mistake: str | None = None) -> Operands:
+    config = inputs.config
+    forward = E5M2 if mistake == E5M2_FORWARD else config.forward
+    amax = {role: None for role in ("input", "weight", "grad")}
+    if config.recipe == "delayed":
+        amax = {role: inputs.history_amax(role) for role in amax}
+    if mistake == INPUT_AMAX_OF_WEIGHT:
+        amax["input"] = amax["weight"] if amax["weight"] is not None else inputs.weight.abs().amax()
+
+    def q(t: torch.Tensor, role: str, fmt) -> Quantized:
+        return quantize(t, config, role, fmt, amax_override=amax[role])
+
+    x, w, dy = inputs.x, inputs.weight, inputs.grad_output
+    x_fprop, w_fprop, dy_dgrad = q(x, "input", forward), q(w, "weight", forward), q(dy, "grad", config.backward)
+    if config.block("input") is None:  # one scale per tensor
+        return Operands(x_fprop=x_fprop, w_fprop=w_fprop, dy_dgrad=dy_dgrad, w_dgrad=_transposed(w_fprop),
+                        dy_wgrad=_transposed(dy_dgrad), x_wgrad=_transposed(x_fprop))
+    return Operands(x_fprop=x_fprop, w_fprop=w_fprop, dy_dgrad=dy_dgrad, w_dgrad=q(w.t(), "weight", forward),
+                    dy_wgrad=q(dy.t(), "grad", config.backward), x_wgrad=q(x.t(), "input", forward))
+
+
+def _out_dtypes(inputs: LinearInputs) -> dict[str, torch.dtype]:
+    return {"y": inputs.x.dtype, "dgrad": inputs.x.dtype, "wgrad": inputs.wgrad_dtype}
+
+
+def quantization_figures(operands: Operands) -> dict[str, dict[str, float | int]]:
+    """Per operand: the elements clamped to the format's largest value and, for one scale per
+    tensor, the amax the scale came from over the operand's own amax (above 1: headroom; below 1:
+    the tensor outgrew its history and saturates)."""
+    figures = {}
+    for name in ("x_fprop", "w_fprop", "dy_dgrad", "dy_wgrad", "x_wgrad", "w_dgrad"):
+        q = getattr(operands, name)
+        entry: dict[str, float | int] = {"saturated": q.saturated, "dtype": str(q.data.dtype).removeprefix("torch.")}
+        if "amax" in q.details and q.details["amax"] > 0:
+            entry["scale_amax_over_amax"] = q.details["scale_amax"] / q.details["amax"]
+        figures[name] = entry
+    return figures
+
+
+def scaled_mm_probe(operands: Operands) -> dict[str, object]:
+    """torch._scaled_mm on the CPU, where it takes the layout, against the stand-in on a slice of each
+    GEMM (its first PROBE_ROWS x PROBE_COLUMNS outputs, the whole contraction): the CPU kernel is a
+    scalar loop (about 36 million multiply-adds a second here), too slow for the cases themselves.
+    Its CPU dispatch takes one scale per tensor or per row only; block scales raise its "Invalid
+    scaling configuration", recorded as the refusal."""
+    figures: dict[str, object] = {}
+    for name, (a, b) in operands.gemms().items():
+        a_part = Quantized(data=a.data[:PROBE_ROWS], scale_inv=a.scale_inv, block=a.block)
+        b_part = Quantized(data=b.data[:PROBE_COLUMNS], scale_inv=b.scale_inv, block=b.block)
+        if a.block is not None:
+            figures["refused"] = "torch._scaled_mm on the CPU takes tensorwise and rowwise scales only (block scales: ValueError, Invalid scaling configuration)"
+            return figures
+        torch_out = torch._scaled_mm(a_part.data, b_part.data.t(), scale_a=a.scale_inv, scale_b=b.scale_inv,
+                                     out_dtype=torch.float32)
+        ours = fp8_gemm(a_part, b_part, torch.float32)
+        figures[name] = {
+            "max_relative_difference": float((torch_out - ours).abs().max() / ours.abs().max().clamp(min=1e-30)),
+            "bitwise_equal": bool(torch.equal(torch_out, ours)),
+        }
+    return figures
+
+
+@dataclass(frozen=True)
+class EmulatedFp8Linear:
+    """The linear in FP8 as the config's TE recipe quantises it, in torch's float8 dtypes, the GEMMs
+    by the FP32 stand-in; `mistake` makes it a negative control."""
+
+    name: str = "fp8-emulated"
+    mistake: str | None = None
+    probe_scaled_mm: bool = False
+
+    def run(self, inputs: LinearInputs) -> PathOutput:
+        started = time.perf_counter()
+        operands = quantize_operands(inputs, self.mistake)
+        if self.mistake is None:
+            inputs.cache["operands"] = operands  # the secondary reference multiplies these in FP64
+        dtypes = _out_dtypes(inputs)
+        apply = self.mistake != SCALE_NOT_APPLIED
+        tensors = {name: fp8_gemm(a, b, dtypes[name], apply_scales=apply) for name, (a, b) in operands.gemms().items()}
+        details: dict[str, object] = {
+            "recipe": inputs.config.recipe, "format": inputs.config.format, "gemm": "fp32-stand-in",
+            "operands": quantization_figures(operands), "gemm_seconds": round(time.perf_counter() - started, 4),
+        }
+        if self.probe_scaled_mm and inputs.x.device.type == "cpu":
+            if "scaled_mm_probe" not in inputs.cache:
+                inputs.cache["scaled_mm_probe"] = scaled_mm_probe(operands)
+            details["scaled_mm_probe"] = inputs.cache["scaled_mm_probe"]
+        backend = f"{self.name} ({inputs.config.id}, FP8 operands, FP32-accumulating GEMM stand-in)"
+        if self.mistake:
+            backend = f"{backend} (mutated: {self.mistake})"
+            details["mutation"] = self.mistake
+        return PathOutput(tensors=tensors, backend=backend, details=details)
+
+
+@dataclass(frozen=True)
+class Bf16Linear:
+    """The default: the same three GEMMs in BF16 by torch's matmul on the inputs' device (FP32
+    accumulation). A wgrad in FP32 (gradient accumulation fusion) is the FP32 matmul of the BF16
+    operands: every product of two BF16 values is exact in FP32, so that is a BF16 GEMM with FP32
+    accumulation and output (torch has no BF16-in, FP32-out mm on the CPU: aten::mm.dtype is not
+    implemented there)."""
+
+    name: str = "bf16"
+
+    def run(self, inputs: LinearInputs) -> PathOutput:
+        x, w, dy = inputs.x, inputs.weight, inputs.grad_output
+        wgrad = dy.t() @ x if inputs.wgrad_dtype == torch.bfloat16 else dy.t().float() @ x.float()
+        return PathOutput(tensors={"y": x @ w.t(), "dgrad": dy @ w, "wgrad": wgrad.to(inputs.wgrad_dtype)},
+                          backend=f"{self.name} (torch matmul, {x.device.type})")
+
+
+@dataclass(frozen=True)
+class Fp64Linear:
+    name: str = "fp64-linear"
+
+    def run(self, inputs: LinearInputs) -> PathOutput:
+        y, dgrad, wgrad = linear_forward_backward(inputs.x, inputs.weight, inputs.grad_output)
+        return PathOutput(tensors={"y": y, "dgrad": dgrad, "wgrad": wgrad}, backend=self.name)
+
+
+@dataclass(frozen=True)
+class Fp64OnFp8Operands:
+    """Secondary reference: the FP64 product of the FP8 operands (the emulation's quantisation, exact
+    in FP64). The candidate's error against it is the GEMM's own (accumulation and output rounding);
+    the rest of its error against the FP64 reference is the quantisation."""
+
+    name: str = "fp64-on-fp8-operands"
+
+    def run(self, inputs: LinearInputs) -> PathOutput:
+        operands = inputs.cache.get("operands") or quantize_operands(inputs)
+        tensors = {name: a.dequantize(dtype=torch.float64) @ b.dequantize(dtype=torch.float64).t() for name, (a, b) in operands.gemms().items()}
+        return PathOutput(tensors=tensors, backend=self.name)

@@ -1,0 +1,83 @@
+"""The grouped-GEMM lever (`--moe-grouped-gemm`): the experts' GEMMs grouped (one GEMM for all of
+an EP rank's experts, fc1 and fc2 each) against one GEMM per expert (megatron-core's
+SequentialMLP, the default without the flag) and the FP64 experts (references/moe_experts.py),
+forward and backward: the output rows, the rows' gradient, the routing weights' gradient and each
+expert's fc1 and fc2 weight gradient, judged per expert (an expert with no token included: its
+weight gradients must be zero).
+
+Tiers: `megatron-cpu`, torch's CPU grouped matmul (`torch.nn.functional.grouped_mm`, torch 2.13)
+against megatron-core's SequentialMLP on the CPU, smoke scale; the recipe's GPU with `megatron`
+(TE's GroupedLinear, what TEGroupedMLP runs, against SequentialMLP on CUDA), recipe scale.
+Inputs: tokens routed by a seeded router over all the model's experts with its top-k (uneven loads,
+one local expert with none), EP rank 0's experts; the weights std 1/sqrt(fan-in).
+Controls: a token counted in its neighbour expert, two experts' weights swapped, a token dropped,
+the routing weights not applied.
+"""
+
+from dataclasses import replace
+from functools import partial
+
+from correctness import tiers
+from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Tier
+from correctness.models import facts_for
+from correctness.moe import experts
+from correctness.moe.shapes import moe_shape
+from correctness.recipes import Recipe, lever_recipe
+
+NAME = "moe-grouped-gemm"
+VERSION = 1
+SEEDS = (0,)
+FLAG = "--moe-grouped-gemm"
+DESCRIPTION = ("MoE grouped GEMM: the experts' GEMMs grouped against one GEMM per expert (Megatron's SequentialMLP)"
+               " and FP64, output and input, routing-weight and per-expert weight gradients")
+
+
+def flag_in_run(recipe: Recipe) -> str:
+    """How the recipe sets the flag: in its run, or not shown (model arguments from an array
+    expansion or a Bridge provider, which sets moe_grouped_gemm for the suite's MoE families)."""
+    return "in the run" if recipe.argument(FLAG) is not None else "not in the run (the model's provider)"
+
+
+def grouped_gemm_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, candidate) -> Lever:
+    model = facts_for(recipe.model, options.model)
+    shape = moe_shape(recipe, model, scale, "experts")
+    cases = tuple(
+        Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="routed-uneven",
+             make_inputs=partial(experts.make_experts_inputs, shape, model, seed))
+        for seed in SEEDS
+    )
+    controls = (
+        Control(name="a token counted in its neighbour expert",
+                path=Mutated(base=candidate, mutation="a token in the neighbour expert", mutate=experts.token_to_neighbour)),
+        Control(name="two experts' weights swapped",
+                path=Mutated(base=candidate, mutation="two experts' weights swapped", mutate=experts.weights_swapped)),
+        Control(name="a token dropped", path=Mutated(base=candidate, mutation="a token dropped", mutate=experts.token_dropped)),
+        Control(name="routing weights not applied",
+                path=Mutated(base=candidate, mutation="routing weights 1", mutate=experts.probs_not_applied)),
+    )
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,
+        candidate=candidate, default=experts.MegatronSequentialMLP(), reference=experts.Fp64Experts(),
+        controls=controls, summarize=partial(summarize, flag_in_run(recipe)),
+    )
+
+
+def summarize(flag: str, result) -> dict:
+    """The rows each local expert received (the candidate's record of them) and how the recipe sets the flag."""
+    counts = result.candidate.run.details.get("counts") if result.candidate else None
+    return {"rows_per_expert": counts, "flag": flag}
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """torch's CPU grouped matmul against megatron-core's SequentialMLP, smoke scale."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [grouped_gemm_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options,
+                               candidate=experts.TorchGroupedMM())]
+
+
+def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """TE's GroupedLinear (TEGroupedMLP's) against SequentialMLP on the recipe's GPU, recipe scale."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    tier = tiers.recipe_gpu_tier(recipe.gpu)
+    tier = replace(tier, markers=(*tier.markers, "megatron"))
+    return [grouped_gemm_lever(recipe, tier=tier, scale="recipe", options=options, candidate=experts.TeGroupedLinear())]

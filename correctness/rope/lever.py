@@ -1,0 +1,194 @@
+"""The rope-fusion lever (`--no-rope-fusion`): q and k rotated by Megatron's unfused
+`apply_rotary_pos_emb` (the candidate: what the flag selects) against TE's fused RoPE kernel (the
+default: Megatron-LM's `apply_rope_fusion` is on unless the flag is given) and an FP64 RoPE
+(references/rope.py), forward and backward, per attention kind with a rotary embedding, at the
+recipe's rank-local heads, head dims, rotary fraction and base, in the recipe's precision, in the
+recipe's token layout (BSHD rows, or THD: its rows packed with cumulative lengths).
+
+What the flag changes (megatron-core 0.16.1 rope_utils.py, TE 2.17): unfused, Megatron casts
+cos(freqs) and sin(freqs) to the inputs' dtype and computes `t * cos + rotate_half(t) * sin` as
+BF16 tensor operations (each product and the sum rounded to BF16; autograd's backward likewise);
+fused, TE's kernel computes each element in FP32 from the FP32 frequencies and rounds once
+(transformer_engine/common/fused_rope/fused_rope.cu). Both copy the dims past the rotary fraction.
+
+Tiers:
+- "megatron-cpu" (`cpu_tier`, smoke scale): the candidate is Megatron's own unfused function on
+  the CPU. TE's kernel is CUDA only, so the default is `FusedRopeArithmetic`
+  (correctness/rope/paths.py), a small named stand-in for the kernel's arithmetic (FP32 rotation,
+  one rounding), written from fused_rope.cu. Why a stand-in rather than Megatron's unfused function
+  as the default: the seed recipe with RoPE (Gemma-4) does not give `--no-rope-fusion`, so its
+  path is the fused one; the unfused function against itself would be "no kernel change" and
+  measure nothing the flag changes. What the CPU tier proves: Megatron's unfused RoPE, as
+  installed, is within the rule of the fused kernel's arithmetic at the recipe's head geometry,
+  rotary fraction, base and layout; not TE's CUDA code (the GPU tier's, and
+  tests/test_rope_lever.py holds the stand-in against TE's kernel on a GPU).
+- the recipe's GPU with TE and megatron-core (`recipe_gpu_tier`, recipe scale): Megatron's unfused
+  function on CUDA against Megatron's fused path, TE's FusedRoPEFunc.
+
+Judged: the rotary dims of q and k after the rotation and of their gradients (q, k, dq, dk),
+whole and per head and block of 128 positions, and the passed dims apart (q_pass, ...). Exact
+invariants: the passed dims are the inputs (gradients: the upstream gradients) unchanged, and a
+token at position 0 (a THD row's first, or a BSHD row from 0) is unrotated.
+
+Negative controls, the candidate with: the positions off by one (frequencies one position later);
+the rotary fraction ignored (the whole head rotated; kinds with a fraction below 1); the other
+pairing (adjacent dims where the model pairs halves, or the reverse); the angles rounded to BF16
+before cos and sin; and, in THD with two rows or more, the packed rows' positions run on across the
+boundary (one row of all tokens).
+"""
+
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+from correctness import tiers
+from correctness.compare import Slicing
+from correctness.lever import Case, Control, Implementation, Invariant, Lever, LeverOptions, Mutated, Tier
+from correctness.models import facts_for
+from correctness.recipes import Recipe, lever_recipe
+from correctness.rope.paths import (
+    FormulaRope, Fp64Rope, FusedRopeArithmetic, MegatronRope, RopeInputs, make_inputs, megatron_freqs, outputs,
+)
+from correctness.rope.shapes import RopeShape, rope_kinds, rope_shape
+
+NAME = "rope-fusion"
+VERSION = 1
+ARGUMENTS = ("--no-rope-fusion",)
+SEEDS = (0,)
+SLICING = Slicing(block=128)
+UNFUSED = MegatronRope(fused=False)
+TE_FUSED = MegatronRope(fused=True)
+
+
+def describe(default: Implementation) -> str:
+    fused = "TE's fused RoPE kernel" if default == TE_FUSED else "TE 2.17's fused RoPE arithmetic (CPU stand-in)"
+    return f"rope fusion: Megatron's unfused RoPE against {fused} and FP64, q and k rotated, forward and backward"
+
+
+def _shifted(inputs: RopeInputs) -> RopeInputs:
+    return inputs.with_freqs(megatron_freqs(inputs.shape, inputs.q.device, position_shift=1))
+
+
+def _whole_head(inputs: RopeInputs) -> RopeInputs:
+    return inputs.with_freqs(megatron_freqs(inputs.shape, inputs.q.device, whole_head=True))
+
+
+def _other_pairing(inputs: RopeInputs) -> RopeInputs:
+    flipped = inputs.shape.with_changes(interleaved=not inputs.shape.interleaved)
+    return inputs.with_freqs(megatron_freqs(flipped, inputs.q.device), interleaved=flipped.interleaved)
+
+
+def _bf16_angles(inputs: RopeInputs) -> RopeInputs:
+    return inputs.with_freqs(inputs.freqs.to(torch.bfloat16).float())
+
+
+def _one_row(inputs: RopeInputs) -> RopeInputs:
+    tokens = inputs.shape.cu_seqlens[-1]
+    merged = inputs.shape.with_changes(boundaries=(0, tokens))
+    freqs = megatron_freqs(merged, inputs.q.device)
+    return replace(inputs, shape=merged, freqs=freqs,
+                   cu_seqlens=torch.tensor((0, tokens), dtype=torch.int32, device=inputs.q.device))
+
+
+def _needs_fraction(case: Case) -> str | None:
+    shape = case.shape
+    return None if shape.rotary_dims < shape.head_dim else "the whole head rotates already (rotary fraction 1)"
+
+
+def _needs_rows(case: Case) -> str | None:
+    bounds = case.shape.cu_seqlens
+    if bounds is None:
+        return "BSHD: no packed rows"
+    return None if len(bounds) > 2 else "one packed row: no boundary to run across"
+
+
+def controls(candidate: Implementation) -> tuple[Control, ...]:
+    def mutated(what, mutate):
+        return Mutated(base=candidate, mutation=what, mutate=mutate)
+
+    return (
+        Control(name="positions off by one", path=mutated("frequencies one position later", _shifted)),
+        Control(name="rotary fraction ignored", path=mutated("whole head rotated", _whole_head),
+                why_inapplicable=_needs_fraction),
+        Control(name="other pairing", path=mutated("adjacent dims paired where the model pairs halves, or the reverse",
+                                                   _other_pairing)),
+        Control(name="angles in BF16", path=mutated("frequencies rounded to BF16 before cos and sin", _bf16_angles)),
+        Control(name="positions run across packed rows", path=mutated("packed rows rotated as one row", _one_row),
+                why_inapplicable=_needs_rows),
+    )
+
+
+def _unchanged(inputs: RopeInputs) -> dict[str, torch.Tensor]:
+    """The inputs and upstream gradients laid out and split as the judged tensors are."""
+    return outputs(inputs.shape, inputs.q, inputs.k, inputs.grad_q, inputs.grad_k)
+
+
+def passed_dims_unchanged(inputs: RopeInputs, tensors) -> str | None:
+    if inputs.shape.rotary_dims == inputs.shape.head_dim:
+        return None
+    expected = _unchanged(inputs)
+    wrong = [name for name in ("q_pass", "k_pass", "dq_pass", "dk_pass") if not torch.equal(tensors[name], expected[name])]
+    return f"dims past the rotary fraction changed in {', '.join(wrong)}" if wrong else None
+
+
+def position_zero_unrotated(inputs: RopeInputs, tensors) -> str | None:
+    shape = inputs.shape
+    if shape.first_position != 0:
+        return None
+    expected = _unchanged(inputs)
+    wrong = []
+    for name in ("q", "k", "dq", "dk"):
+        if shape.qkv_format == "thd":
+            starts = list(shape.cu_seqlens[:-1])
+            got, want = tensors[name][starts], expected[name][starts]
+        else:
+            got, want = tensors[name][:, 0], expected[name][:, 0]
+        if not torch.equal(got, want.to(got.dtype)):
+            wrong.append(name)
+    return f"tokens at position 0 rotated in {', '.join(wrong)}" if wrong else None
+
+
+INVARIANTS = (
+    Invariant(name="passed dims unchanged", check=passed_dims_unchanged),
+    Invariant(name="position 0 unrotated", check=position_zero_unrotated),
+)
+
+
+def rope_cases(recipe: Recipe, options: LeverOptions, scale: str) -> tuple[Case, ...]:
+    model = facts_for(recipe.model, options.model)
+    cases = []
+    for kind in rope_kinds(recipe, model):
+        shape = rope_shape(recipe, model, kind, scale)
+        cases += [Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="standard-normal",
+                       make_inputs=partial(make_inputs, shape, seed)) for seed in SEEDS]
+    return tuple(cases)
+
+
+def rope_lever(*, recipe: Recipe, tier: Tier, scale: str, candidate: Implementation, default: Implementation,
+               options: LeverOptions) -> Lever:
+    cases = rope_cases(recipe, options, scale)
+    formula = all(isinstance(case.shape, RopeShape) and case.shape.formula_angles for case in cases)
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, description=describe(default),
+        recipe=recipe.ref_for(facts_for(recipe.model, options.model)), cases=cases, candidate=candidate,
+        default=default, reference=Fp64Rope(), controls=controls(candidate),
+        secondary_references=(FormulaRope(),) if formula else (), slicing=SLICING, invariants=INVARIANTS,
+        cpu_threads=1,  # elementwise work on tensors of a few million elements: a second thread only contends
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation = UNFUSED) -> list[Lever]:
+    """Smoke scale on the CPU: Megatron's unfused RoPE (or `candidate`) against the fused kernel's
+    arithmetic (the stand-in)."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [rope_lever(recipe=recipe, tier=tiers.MEGATRON_CPU, scale="smoke", candidate=candidate,
+                       default=FusedRopeArithmetic(), options=options)]
+
+
+def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """The recipe's GPU, recipe scale: Megatron's unfused RoPE against its fused path, TE's kernel."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    tier = tiers.recipe_gpu_tier(recipe.gpu)
+    tier = replace(tier, markers=(*tier.markers, "megatron"))
+    return [rope_lever(recipe=recipe, tier=tier, scale="recipe", candidate=UNFUSED, default=TE_FUSED, options=options)]

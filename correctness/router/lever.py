@@ -1,0 +1,153 @@
+"""The moe-router-dtype lever (`--moe-router-dtype fp32|fp64`): Megatron's own MoE router
+(TopKRouter, correctness/router/megatron_router.py) with its logits in BF16 against the same router
+with its logits in the recipe's router dtype, and FP64 routing from the formula
+(references/router.py), at the recipe's router shape (hidden size, experts, top-k, score function,
+expert bias, scaling factor and expert groups: correctness/router/settings.py).
+
+Candidate and default follow the recipe, as the attention-softmax-precision lever does: the default
+is what the recipe runs where it sets `--moe-router-dtype` (fp32 or fp64; Nemotron-3-Super's
+recipe runs fp32, which Megatron-Bridge's Nemotron-H provider sets), and the candidate is the other
+setting, the flag left out: logits in the input's BF16. Where a recipe leaves the flag out, the
+candidate is what it runs (BF16) and the default is fp32. A factory may take another candidate
+dtype (fp64 against a recipe's fp32, say).
+
+Judged per case, all dense: `logits` [tokens, experts] (the router dtype); `combination_weights`
+[tokens, experts], Megatron's routing_probs, zero where an expert is not chosen: a token whose
+choice differs from FP64's is compared with FP64's own routing, so an expert swapped for another is
+an error at both columns and nothing is dropped; `grad_router_weight` and `grad_hidden`, the
+gradients of sum(weights x upstream) (Megatron's backward: autograd through its routing and the
+gating linear's own backward, each in the parameter's and the input's dtype, BF16). Each case's
+summary records the fraction of tokens whose expert set differs from FP64's, for the candidate and
+the default, and how near to a tie those tokens were in FP64.
+
+Negative controls, built from the candidate (Megatron's router with one thing wrong): the expert
+bias ignored in the choice (where the recipe enables it), top-k one less, the scaling factor left
+out (where there is one), the weights not normalised over the chosen experts.
+
+Tiers: "megatron-cpu" (smoke scale: SMOKE_TOKENS tokens at the recipe's hidden size and experts;
+the CPU shims of megatron_router.py) and "megatron" (a CUDA GPU with TE: TopKRouter as the recipe
+runs it, TE's general_gemm for BF16 and FP32 logits, recipe scale: a microbatch's tokens). A model
+without experts (Gemma-4) is NotApplicable.
+"""
+
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from correctness import tiers
+from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput, Tier
+from correctness.models import ModelFacts, facts_for
+from correctness.recipes import Recipe, lever_recipe
+from correctness.router.inputs import RouterInputs, RouterShape, make_inputs
+from correctness.router.megatron_router import ROUTER_DTYPE_NAMES, MegatronRouter
+from correctness.router.settings import RouterSettings, router_settings
+
+NAME = "moe-router-dtype"
+VERSION = 1
+SMOKE_TOKENS = 1024
+SEEDS = (0,)
+DESCRIPTION = "Megatron's MoE router with its logits in {candidate} against {default} and FP64 routing"
+
+
+def router_shape(recipe: Recipe, model: ModelFacts, settings: RouterSettings, scale: str) -> RouterShape:
+    rows = recipe.rows_per_microbatch
+    seq = recipe.row_tokens if scale == "recipe" else max(1, SMOKE_TOKENS // rows)
+    return RouterShape(
+        model=model.short_name, scale=scale, seq_len=seq, batch=rows, hidden=int(model.field("hidden_size")),
+        experts=settings.experts, top_k=settings.top_k, score_function=settings.score_function,
+        scaling_factor=settings.scaling_factor, expert_bias=settings.expert_bias, router_bias=settings.router_bias,
+        pre_softmax=settings.pre_softmax, num_groups=settings.num_groups, group_topk=settings.group_topk,
+        dtype=recipe.precision, recipe_router_dtype=settings.router_dtype, settings_sources=settings.sources,
+    )
+
+
+class Fp64Routing:
+    name = "fp64-routing"
+
+    def run(self, inputs: RouterInputs) -> PathOutput:
+        reference = inputs.reference
+        return PathOutput(tensors={
+            "logits": reference["logits"], "combination_weights": reference["weights"],
+            "grad_router_weight": reference["grad_weight"],
+            "grad_hidden": reference["grad_hidden"],
+        }, backend=self.name)
+
+
+def controls(candidate: MegatronRouter) -> tuple[Control, ...]:
+    def needs(what: str, present):
+        return lambda case: None if present(case.shape) else f"the recipe's router has no {what}"
+
+    return (
+        Control(name="expert bias ignored in the choice", path=replace(candidate, mutation="expert bias ignored"),
+                why_inapplicable=needs("expert bias", lambda s: s.expert_bias)),
+        Control(name="top-k one less", path=replace(candidate, mutation="top-k - 1"),
+                why_inapplicable=needs("second expert per token", lambda s: s.top_k > 1)),
+        Control(name="scaling factor left out", path=replace(candidate, mutation="scaling factor left out"),
+                why_inapplicable=needs("scaling factor", lambda s: s.scaling_factor not in (None, 1.0))),
+        Control(name="weights not normalised over the chosen experts",
+                path=replace(candidate, mutation="weights not normalised"),
+                why_inapplicable=needs("normalisation (top-1 sigmoid)",
+                                       lambda s: s.top_k > 1 or s.score_function == "softmax")),
+    )
+
+
+def summarize(result: Any) -> dict[str, Any]:
+    """The fraction of tokens whose expert set differs from FP64's, candidate and default."""
+    figures = {}
+    for role, run in (("candidate", result.candidate.run if result.candidate else None), ("default", result.default)):
+        if run is not None and "routing" in run.details:
+            figures[role] = run.details["routing"]
+    return {"expert_set_vs_fp64": figures} if figures else {}
+
+
+def choose(settings: RouterSettings, candidate_dtype: str | None = None) -> tuple[MegatronRouter, MegatronRouter]:
+    """(candidate, default): the default the recipe's router dtype where it sets one (else fp32),
+    the candidate BF16 logits (the flag left out) unless another is given."""
+    default = settings.router_dtype or "fp32"
+    if candidate_dtype == default:
+        raise ValueError(f"moe-router-dtype: the candidate dtype {candidate_dtype} is the default's")
+    judged = torch.float64 if "fp64" in (candidate_dtype, default) else torch.float32
+    return MegatronRouter(candidate_dtype, judged_dtype=judged), MegatronRouter(default, judged_dtype=judged)
+
+
+def router_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions,
+                 candidate_dtype: str | None = None) -> Lever:
+    model = facts_for(recipe.model, options.model)
+    settings = router_settings(recipe, model)
+    candidate, default = choose(settings, candidate_dtype)
+    shape = router_shape(recipe, model, settings, scale)
+    cases = tuple(
+        Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
+             make_inputs=partial(make_inputs, shape, seed))
+        for seed in SEEDS
+    )
+    names = {None: "BF16", "fp32": "FP32", "fp64": "FP64"}
+    return Lever(
+        name=NAME, version=VERSION, tier=tier, recipe=recipe.ref_for(model), cases=cases,
+        description=DESCRIPTION.format(candidate=names[candidate.router_dtype], default=names[default.router_dtype]),
+        candidate=candidate, default=default, reference=Fp64Routing(), controls=controls(candidate),
+        summarize=summarize,
+    )
+
+
+def cpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None = None) -> list[Lever]:
+    """Megatron's TopKRouter on the CPU, smoke scale."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [router_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options,
+                         candidate_dtype=candidate_dtype)]
+
+
+def megatron_gpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None = None) -> list[Lever]:
+    """Megatron's TopKRouter on a CUDA GPU with TE (its general_gemm), at a microbatch's tokens."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    return [router_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options,
+                         candidate_dtype=candidate_dtype)]
+
+
+def recipe_runs_bf16_logits(shape: RouterShape) -> bool:
+    return shape.recipe_router_dtype is None
+
+
+__all__ = ["NAME", "VERSION", "ROUTER_DTYPE_NAMES", "cpu_tier", "megatron_gpu_tier", "router_lever"]

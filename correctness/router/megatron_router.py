@@ -1,0 +1,225 @@
+"""Megatron's own router, `megatron.core.transformer.moe.router.TopKRouter` (megatron-core 0.16.1),
+as a path of the router lever: built from a TransformerConfig with the recipe's router settings and
+one `moe_router_dtype`, its weight (and expert bias) set to the case's, run forward and backward.
+
+What it computes (router.py, moe/moe_utils.py): `gating` runs `router_gating_linear`, an autograd
+Function whose forward is one GEMM of the BF16 hidden states and the BF16 weight with its output in
+the router dtype (the input's, BF16, where moe_router_dtype is unset; FP32 or FP64 where it says
+so: TE's general_gemm where TE is installed and the dtype is not FP64, else torch.mm of both taken to
+that dtype); its backward gives the hidden states' gradient in their dtype and the weight's in its
+dtype (BF16 both). Then `routing`: `topk_routing_with_score_function` (unfused: moe_router_fusion
+is off in every recipe here): sigmoid scores `torch.sigmoid(logits.float()).type_as(logits)` (so
+rounded to BF16 where the logits are BF16), plus the FP32 expert bias for the choice only, top-k,
+the chosen scores normalised (k > 1) and scaled; softmax scoring: top-k of the logits and a softmax
+over them in FP32, cast back to the logits' dtype. The result is dense: `routing_probs`
+[tokens, experts], zero where not routed, in the logits' dtype, and the boolean routing map.
+
+On a machine without a GPU, `router_on_cpu()` stands in for the CUDA-only calls, for its duration:
+- `torch.cuda.current_device()` returns "cpu": TopKRouter allocates its expert-bias buffers there,
+  and `gating` moves a CPU weight to that device;
+- `moe_utils.te_general_gemm` is None where megatron-core left it undefined: moe_utils.py
+  (0.16.1, lines 22-39) binds the name only inside its `import transformer_engine` try block, and
+  `RouterGatingLinearFunction` reads it unguarded (`te_general_gemm is not None`), so without TE
+  the router raises NameError; with the name None its own torch branch runs (on a GPU without TE
+  too; with TE the name is TE's and nothing is changed);
+- BF16 and FP16 `torch.mm` on CPU tensors is the FP32 product rounded once to the inputs' dtype, as
+  cuBLAS and TE's GEMM compute it on a GPU (FP32 accumulation, one rounding): torch's CPU BF16 GEMM
+  on a host without BF16 hardware is emulated (slow, and its rounding depends on the host). FP32 and
+  FP64 GEMMs are torch's own.
+On every device `_apply_expert_bias` (decorated with Megatron's jit_fuser, torch.compile) runs
+eagerly (`torch.compiler.set_stance("force_eager")`): it only adds the routing map to the buffer of
+tokens per expert, under no_grad, which changes no output; compiling it would cost seconds per run.
+The aux losses are off (coefficient 0, as every recipe here sets or leaves it), so no process group
+is used: the groups are stand-ins that report size 1.
+
+Negative controls are this path with one thing wrong (`mutation`): the expert bias zeroed (ignored
+in the choice), top-k one less, the scaling factor left out, or the weights not normalised (the
+chosen sigmoid scores kept as they are; with softmax scoring, moe_router_pre_softmax flipped, so
+that the softmax runs over all experts instead of the chosen ones).
+"""
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from correctness.attention.megatron_softmax import TensorParallelSize, megatron_core_version
+from correctness.errors import PathUnavailable
+from correctness.lever import PathOutput
+
+ROUTER_DTYPE_NAMES = {None: "bf16", "fp32": "fp32", "fp64": "fp64"}  # moe_router_dtype -> the logits' dtype at BF16 inputs
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+MUTATIONS = ("expert bias ignored", "top-k - 1", "scaling factor left out", "weights not normalised")
+
+
+class _GemmAsCublas(TorchFunctionMode):
+    """Low-precision CPU torch.mm: the FP32 product rounded once to the inputs' dtype."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.mm and not kwargs and len(args) == 2 and all(
+            isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in LOW_PRECISION for t in args
+        ) and args[0].dtype == args[1].dtype:
+            return torch.mm(args[0].float(), args[1].float()).to(args[0].dtype)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def te_gemm_name() -> Iterator[None]:
+    """megatron-core's moe_utils.te_general_gemm bound to None where it left the name undefined (no TE)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if hasattr(moe_utils, "te_general_gemm"):
+        yield
+        return
+    with mock.patch.object(moe_utils, "te_general_gemm", None, create=True):
+        yield
+
+
+@contextlib.contextmanager
+def router_on_cpu() -> Iterator[None]:
+    """The CPU shims of the module docstring, for the duration only."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: "cpu"))
+        stack.enter_context(_GemmAsCublas())
+        yield
+
+
+def _te_gemm() -> bool:
+    from megatron.core.transformer.moe import moe_utils
+
+    return getattr(moe_utils, "te_general_gemm", None) is not None
+
+
+@dataclass(frozen=True)
+class MegatronRouter:
+    """TopKRouter with moe_router_dtype `router_dtype` (None: the logits in the input's BF16), or
+    with one of MUTATIONS (a negative control)."""
+
+    router_dtype: str | None
+    mutation: str | None = None
+    # The dtype every judged tensor is handed over in: candidate and default must agree, so the
+    # lever gives both the wider of their logits' dtypes (BF16 values upcast exactly); `details`
+    # names the dtypes the router computed in.
+    judged_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        if self.router_dtype not in ROUTER_DTYPE_NAMES:
+            raise ValueError(f"router path: moe_router_dtype {self.router_dtype!r} is not None, fp32 or fp64")
+        if self.mutation is not None and self.mutation not in MUTATIONS:
+            raise ValueError(f"router path: unknown mutation {self.mutation!r} (one of {', '.join(MUTATIONS)})")
+
+    @property
+    def name(self) -> str:
+        base = f"megatron-router-{ROUTER_DTYPE_NAMES[self.router_dtype]}"
+        return base if self.mutation is None else f"{base} ({self.mutation})"
+
+    def config(self, settings):
+        top_k = settings.top_k - 1 if self.mutation == "top-k - 1" else settings.top_k
+        pre_softmax = settings.pre_softmax
+        if self.mutation == "weights not normalised" and settings.score_function == "softmax":
+            pre_softmax = not pre_softmax
+        with warnings.catch_warnings():  # about fields no router call reads, and Megatron's advice against BF16 routing
+            for message in ("moe_ffn_hidden_size is not set", "full scope is deprecated", "without fp32 routing"):
+                warnings.filterwarnings("ignore", message=f".*{message}", category=UserWarning)
+            return self._config(settings, top_k, pre_softmax)
+
+    def _config(self, settings, top_k, pre_softmax):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        return TransformerConfig(
+            num_layers=1, hidden_size=settings.hidden, num_attention_heads=1,
+            num_moe_experts=settings.experts, moe_router_topk=top_k,
+            moe_router_score_function=settings.score_function,
+            moe_router_enable_expert_bias=settings.expert_bias,
+            moe_router_topk_scaling_factor=None if self.mutation == "scaling factor left out" else settings.scaling_factor,
+            moe_router_num_groups=settings.num_groups, moe_router_group_topk=settings.group_topk,
+            moe_router_pre_softmax=pre_softmax, moe_router_dtype=self.router_dtype,
+            moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_fusion=False,
+            add_bias_linear=settings.router_bias, bf16=settings.dtype == "bf16", params_dtype=settings.torch_dtype,
+            perform_initialization=False, hidden_dropout=0.0, attention_dropout=0.0,
+        )
+
+    def module(self, inputs):
+        from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        one = TensorParallelSize(1)
+        router = TopKRouter(config=self.config(inputs.shape),
+                            pg_collection=ProcessGroupCollection(tp=one, cp=one, tp_cp=one, tp_dp_cp=one))
+        device = inputs.hidden.device
+        router.weight.data = inputs.weight.detach().clone().to(device)
+        if router.bias is not None:
+            router.bias.data = inputs.router_bias.detach().clone().to(device)
+        if router.expert_bias is not None:
+            bias = inputs.expert_bias.detach().clone()
+            router.expert_bias.data = torch.zeros_like(bias) if self.mutation == "expert bias ignored" else bias
+            router.expert_bias.data = router.expert_bias.data.to(device)
+            router.local_tokens_per_expert.data = router.local_tokens_per_expert.data.to(device)
+        return router.train()
+
+    def run(self, inputs) -> PathOutput:
+        try:
+            import megatron.core  # noqa: F401
+        except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
+            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+        on_cpu = inputs.hidden.device.type == "cpu"
+        clock = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            if on_cpu:
+                stack.enter_context(router_on_cpu())
+            stack.enter_context(te_gemm_name())
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
+            router = self.module(inputs)
+            gated = []  # the logits of the router's own gating call, kept as it returns them
+            gating = router.gating
+            router.gating = lambda x: gated.append(gating(x)) or gated[-1]
+            hidden = inputs.hidden.detach().clone().requires_grad_()
+            probs, routing_map = router(hidden)
+            logits = gated[0].detach().reshape(-1, inputs.shape.experts)
+            if self.mutation == "weights not normalised" and inputs.shape.score_function == "sigmoid":
+                probs = self._unnormalised(router, gated[0], routing_map)
+            probs.backward(inputs.upstream.to(probs.dtype))
+        gemm = "te general_gemm" if _te_gemm() and self.router_dtype != "fp64" else "torch.mm"
+        if on_cpu and self.router_dtype is None:
+            gemm = "torch.mm (BF16 as the FP32 product rounded once: shim)"
+        details: dict[str, Any] = {
+            "module": "megatron.core.transformer.moe.router.TopKRouter",
+            "megatron_core": megatron_core_version(),
+            "moe_router_dtype": self.router_dtype,
+            "logits_dtype": str(logits.dtype).removeprefix("torch."),
+            "combination_weights_dtype": str(probs.dtype).removeprefix("torch."),
+            "grad_dtype": str(router.weight.grad.dtype).removeprefix("torch."),
+            "gemm": gemm,
+            "routing": inputs.routing_figures(routing_map, logits.dtype),
+            "seconds": time.perf_counter() - clock,
+            "shims": [*(["cuda current_device -> cpu", "low-precision mm as cuBLAS"] if on_cpu else []),
+                      *([] if _te_gemm() else ["te_general_gemm undefined -> None"]), "jit_fuser eager"],
+        }
+        backend = self.name.replace(f" ({self.mutation})", "") if self.mutation else self.name
+        if self.mutation:
+            backend, details["mutation"] = f"{backend} (mutated: {self.mutation})", self.mutation
+        return PathOutput(
+            tensors={name: tensor.to(self.judged_dtype) for name, tensor in (
+                ("logits", logits),
+                ("combination_weights", probs.detach()),
+                ("grad_router_weight", router.weight.grad),
+                ("grad_hidden", hidden.grad.reshape(-1, inputs.shape.hidden)),
+            )},
+            backend=backend, details=details,
+        )
+
+    @staticmethod
+    def _unnormalised(router, gated, routing_map):
+        """The chosen sigmoid scores, scaled but not divided by their sum (Megatron's own logits and
+        choice; only the normalisation left out)."""
+        logits = gated.reshape(routing_map.shape)
+        scores = torch.sigmoid(logits.float()).type_as(logits)
+        scale = router.config.moe_router_topk_scaling_factor or 1.0
+        return torch.where(routing_map, scores * scale, torch.zeros_like(scores))
