@@ -31,10 +31,11 @@ On a machine without a GPU, `wgrad_on_cpu()` stands in for the CUDA-only pieces,
   BF16 operands (torch's FP32 CPU GEMM), the arithmetic of the cuBLAS call it stands for;
 - `torch.cuda.current_device()` returns "cpu": the fused branch allocates its dummy gradient there
   (without TE, `torch.empty(..., device=torch.cuda.current_device())`);
-- BF16 and FP16 `matmul` of CPU tensors is the FP32 product rounded once to the inputs' dtype, as
-  cuBLAS computes it (torch's emulated BF16 CPU GEMM is slow on hosts without BF16 hardware and
-  its rounding depends on the host). This is the non-fused wgrad GEMM's rounding, the quantity the
-  lever measures: the FP32 accumulation rounded once to BF16.
+- BF16 and FP16 matrix products of CPU tensors, forward and backward, are the FP32 product rounded
+  once to the inputs' dtype, as cuBLAS computes them (correctness.cpu_gemm: torch's emulated BF16
+  CPU GEMM is slow on hosts without BF16 hardware and its rounding is the host's). This is the
+  non-fused wgrad GEMM's rounding, the quantity the lever measures: the FP32 accumulation rounded
+  once to BF16.
 The TP group is a one-rank stand-in (sequence_parallel and allreduce_dgrad are off: no collective
 runs; the recipe's sequence-parallel all-gather only assembles the microbatch's tokens, which the
 case gives whole). DDP's hook runs on a stand-in of DDP's own state: the weight in its bucket map,
@@ -50,14 +51,13 @@ from typing import Any
 from unittest import mock
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from correctness.attention.megatron_softmax import TensorParallelSize, megatron_core_version
+from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import PathUnavailable
 from correctness.grad_accumulation.inputs import AccumulationInputs, tensor_name
 from correctness.lever import PathOutput
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 BUFFER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DROPPED, STALE = "one microbatch dropped", "main_grad not zeroed (the previous step's gradient left in)"
 MUTATIONS = (DROPPED, STALE)
@@ -79,21 +79,6 @@ class Fp32AccumulatingWgrad:
         main_grad.add_(torch.mm(grad_output.float().t(), total_input.float()).to(main_grad.dtype))
 
 
-def _low_precision_cpu(*tensors: Any) -> bool:
-    return all(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in LOW_PRECISION for t in tensors)
-
-
-class _MatmulAsCublas(TorchFunctionMode):
-    """Low-precision CPU matmul of two tensors of one dtype: the FP32 product rounded once."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (func is torch.matmul or func is torch.Tensor.matmul) and not kwargs and len(args) == 2 \
-                and _low_precision_cpu(*args) and args[0].dtype == args[1].dtype:
-            return torch.matmul(args[0].float(), args[1].float()).to(args[0].dtype)
-        return func(*args, **kwargs)
-
-
 @contextlib.contextmanager
 def wgrad_on_cpu() -> Iterator[None]:
     """The CPU shims of the module docstring, for the duration only."""
@@ -103,7 +88,7 @@ def wgrad_on_cpu() -> Iterator[None]:
         stack.enter_context(mock.patch.object(layers, "fused_weight_gradient_mlp_cuda", Fp32AccumulatingWgrad,
                                               create=True))
         stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: "cpu"))
-        stack.enter_context(_MatmulAsCublas())
+        stack.enter_context(gemm_as_cublas())
         yield
 
 

@@ -22,7 +22,8 @@ On a machine without a GPU, `router_on_cpu()` stands in for the CUDA-only calls,
   `RouterGatingLinearFunction` reads it unguarded (`te_general_gemm is not None`), so without TE
   the router raises NameError; with the name None its own torch branch runs (on a GPU without TE
   too; with TE the name is TE's and nothing is changed);
-- BF16 and FP16 `torch.mm` on CPU tensors is the FP32 product rounded once to the inputs' dtype, as
+- BF16 and FP16 matrix products on CPU tensors, forward and backward (correctness.cpu_gemm), are the
+  FP32 product rounded once to the inputs' dtype, as
   cuBLAS and TE's GEMM compute it on a GPU (FP32 accumulation, one rounding): torch's CPU BF16 GEMM
   on a host without BF16 hardware is emulated (slow, and its rounding depends on the host). FP32 and
   FP64 GEMMs are torch's own.
@@ -47,27 +48,14 @@ from typing import Any
 from unittest import mock
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from correctness.attention.megatron_softmax import TensorParallelSize, megatron_core_version
+from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import PathUnavailable
 from correctness.lever import PathOutput
 
 ROUTER_DTYPE_NAMES = {None: "bf16", "fp32": "fp32", "fp64": "fp64"}  # moe_router_dtype -> the logits' dtype at BF16 inputs
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 MUTATIONS = ("expert bias ignored", "top-k - 1", "scaling factor left out", "weights not normalised")
-
-
-class _GemmAsCublas(TorchFunctionMode):
-    """Low-precision CPU torch.mm: the FP32 product rounded once to the inputs' dtype."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.mm and not kwargs and len(args) == 2 and all(
-            isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in LOW_PRECISION for t in args
-        ) and args[0].dtype == args[1].dtype:
-            return torch.mm(args[0].float(), args[1].float()).to(args[0].dtype)
-        return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -87,7 +75,7 @@ def router_on_cpu() -> Iterator[None]:
     """The CPU shims of the module docstring, for the duration only."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: "cpu"))
-        stack.enter_context(_GemmAsCublas())
+        stack.enter_context(gemm_as_cublas())
         yield
 
 

@@ -1,0 +1,38 @@
+"""A low-precision matrix product on the CPU computed as cuBLAS computes it on a GPU, for the levers
+that run megatron-core's own functions on the CPU.
+
+`gemm_as_cublas()`: while it is active, every BF16 or FP16 `aten.mm` and `aten.bmm` of CPU tensors
+of one dtype is the FP32 product of the operands rounded once to their dtype (cuBLAS's BF16 GEMM:
+FP32 accumulation, one rounding of the output). It stands in for torch's own low-precision CPU
+GEMM, which is 20-70 x slower on a CPU without BF16 hardware (a scalar loop) and whose rounding is
+the host's. It is a dispatch mode, so it reaches the products the autograd engine runs in the
+backward too (a custom autograd Function's backward), which a TorchFunctionMode does not.
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+_PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+
+
+def _low_precision_pair(args) -> bool:
+    return (len(args) == 2 and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in args)
+            and args[0].dtype in LOW_PRECISION and args[0].dtype == args[1].dtype)
+
+
+class _GemmAsCublas(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _PRODUCTS and not kwargs and _low_precision_pair(args):
+            return func(args[0].float(), args[1].float()).to(args[0].dtype)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def gemm_as_cublas() -> Iterator[None]:
+    with _GemmAsCublas():
+        yield
