@@ -1,10 +1,15 @@
 """Run a function on several ranks of a torch.distributed process group, on the CPU (gloo).
 
-`run_ranks(function, world_size, *args)` spawns `world_size` processes; each joins one gloo group
+`run_ranks(function, world_size, *args)` starts `world_size` processes; each joins one gloo group
 and returns `function(rank, world_size, *args)`, and the caller gets the ranks' results in rank
 order. This is how a CPU tier runs upstream code whose numerics include collectives (Megatron's
 vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) without a GPU.
 
+- The ranks are forked from a forkserver that has imported torch once (the first call starts it;
+  later calls reuse it): starting 8 ranks costs under 2 s instead of 8 s of torch imports on
+  2 cores. Like spawned processes they share nothing with the caller but their arguments, and
+  each rank runs with the caller's environment as it is at the call (os.environ is passed along,
+  since the server's own was fixed when it started).
 - The group meets through a file in a fresh temporary folder (`file://` init), not a TCP port, so
   pytest-xdist workers and concurrent runs never collide.
 - A rank that raises ends the run: every rank is stopped, and DistributedError names the rank and
@@ -12,7 +17,7 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
   peers never reach) is stopped the same way. Children are daemonic: they die with the caller.
 - Each rank runs torch on `threads` CPU threads (default 1): N ranks on a 2-core machine would
   otherwise start N x cores threads.
-- `function` must be importable by name (a module-level function): spawned processes import it.
+- `function` must be importable by name (a module-level function): the ranks import it.
   Results travel back pickled by value; return CPU tensors, numbers or plain data.
 """
 
@@ -29,6 +34,7 @@ from typing import Any
 from correctness.errors import CorrectnessError
 
 DEFAULT_TIMEOUT = 300.0  # seconds for the whole run, start-up included
+PRELOADED = ["torch", "torch.distributed"]  # imported once by the forkserver, before it forks ranks
 
 
 class DistributedError(CorrectnessError):
@@ -36,7 +42,9 @@ class DistributedError(CorrectnessError):
 
 
 def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: str, threads: int,
-               results: Any, args: tuple[Any, ...]) -> None:
+               results: Any, environment: dict[str, str], args: tuple[Any, ...]) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
     import torch
     import torch.distributed as dist
 
@@ -66,12 +74,14 @@ def run_ranks(function: Callable[..., Any], world_size: int, *args: Any, timeout
     """function(rank, world_size, *args) on each of `world_size` gloo ranks; their results in rank order."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size!r}")
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
     results = context.Queue()
+    environment = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="correctness-gloo-") as folder:
         store = os.path.join(folder, "store")
         processes = [
-            context.Process(target=_rank_main, args=(function, rank, world_size, store, threads, results, args),
+            context.Process(target=_rank_main, args=(function, rank, world_size, store, threads, results, environment, args),
                             daemon=True, name=f"correctness-rank-{rank}")
             for rank in range(world_size)
         ]

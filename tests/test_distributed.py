@@ -1,4 +1,4 @@
-"""correctness.distributed: ranks of a gloo group in spawned processes, stopped on failure and in time."""
+"""correctness.distributed: ranks of a gloo group in forked-server processes, stopped on failure and in time."""
 
 import multiprocessing
 import time
@@ -14,6 +14,12 @@ def all_reduce_rank(rank, world_size, base):
     value = torch.tensor([float(base + rank)])
     dist.all_reduce(value)
     return value.item(), dist.get_world_size(), torch.get_num_threads()
+
+
+def environment_variable(rank, world_size, name):
+    import os
+
+    return os.environ.get(name)
 
 
 def large_tensor(rank, world_size, elements):
@@ -42,6 +48,14 @@ def die_on_rank_zero(rank, world_size):
 def test_ranks_join_one_group_and_return_in_rank_order():
     results = run_ranks(all_reduce_rank, 3, 10)
     assert results == [(33.0, 3, 1)] * 3  # 10 + 11 + 12, one thread each
+
+
+def test_ranks_see_the_callers_environment_at_the_call(monkeypatch):
+    run_ranks(all_reduce_rank, 1, 0)  # the forkserver is running before the variable is set
+    monkeypatch.setenv("CORRECTNESS_RANK_PROBE", "set after the server started")
+    assert run_ranks(environment_variable, 2, "CORRECTNESS_RANK_PROBE") == ["set after the server started"] * 2
+    monkeypatch.delenv("CORRECTNESS_RANK_PROBE")
+    assert run_ranks(environment_variable, 1, "CORRECTNESS_RANK_PROBE") == [None]
 
 
 def test_a_rank_that_raises_stops_every_rank_in_one_line():
