@@ -5,11 +5,16 @@ and returns `function(rank, world_size, *args)`, and the caller gets the ranks' 
 order. This is how a CPU tier runs upstream code whose numerics include collectives (Megatron's
 vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) without a GPU.
 
-- The ranks are forked from a forkserver that has imported torch once (the first call starts it;
-  later calls reuse it): starting 8 ranks costs under 2 s instead of 8 s of torch imports on
-  2 cores. Like spawned processes they share nothing with the caller but their arguments, and
-  each rank runs with the caller's environment as it is at the call (os.environ is passed along,
-  since the server's own was fixed when it started).
+- The ranks are forked from a forkserver that has imported torch and the megatron-core modules the
+  suite's ranks use, once (the first call starts it; later calls reuse it): starting 8 ranks costs
+  under 2 s instead of 8 s of torch imports on 2 cores (about 45 s with megatron-core's). Like spawned
+  processes they share nothing with the caller but their arguments, and each rank runs with the
+  caller's environment as it is at the call (os.environ is passed along, since the server's own
+  was fixed when it started). What a library reads from the environment when it is imported
+  (TORCH_COMPILE_DISABLE: torch._dynamo's config) is read by the server, from the environment of
+  the caller's first run. Ranks that use CUDA (`cuda=True`) are spawned instead: a process forked
+  from one that may have touched CUDA (megatron-core's import, with Transformer Engine installed)
+  cannot use it.
 - The group meets through a file in a fresh temporary folder (`file://` init), not a TCP port, so
   pytest-xdist workers and concurrent runs never collide.
 - A rank that raises ends the run: every rank is stopped, and DistributedError names the rank and
@@ -34,7 +39,13 @@ from typing import Any
 from correctness.errors import CorrectnessError
 
 DEFAULT_TIMEOUT = 300.0  # seconds for the whole run, start-up included
-PRELOADED = ["torch", "torch.distributed"]  # imported once by the forkserver, before it forks ranks
+# Imported once by the forkserver, before it forks ranks; a module that is not installed is left out.
+PRELOADED = [
+    "torch", "torch.distributed",
+    "megatron.core.distributed.param_and_grad_buffer",  # the gradient reduction's ranks
+    "megatron.core.parallel_state", "megatron.core.tensor_parallel",  # the cross entropy's
+    "megatron.core.fusions.fused_cross_entropy",
+]
 
 
 class DistributedError(CorrectnessError):
@@ -70,12 +81,15 @@ def _one_line(error: BaseException) -> str:
 
 
 def run_ranks(function: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-              threads: int = 1) -> list[Any]:
+              threads: int = 1, cuda: bool = False) -> list[Any]:
     """function(rank, world_size, *args) on each of `world_size` gloo ranks; their results in rank order."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size!r}")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOADED)
+    if cuda:
+        context = multiprocessing.get_context("spawn")
+    else:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOADED)
     results = context.Queue()
     environment = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="correctness-gloo-") as folder:

@@ -16,7 +16,7 @@ from correctness.distributed import run_ranks
 from correctness.errors import PathUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions, PathOutput
-from correctness.reduction.ranks import summed_in_varying_order
+from correctness.reduction.megatron_sync import summed_in_varying_order
 from tests.attention_shapes import tiny_shape
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"

@@ -2,6 +2,7 @@
 CPU tier end to end, and a rank that fails (correctness/reduction/, references/gradient_sum.py)."""
 
 import dataclasses
+import importlib.util
 import math
 import multiprocessing
 import time
@@ -9,7 +10,7 @@ import time
 import pytest
 import torch
 
-from correctness.distributed import run_ranks
+from correctness.distributed import DistributedError, run_ranks
 from correctness.harness import run_case, run_lever
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.reduction import lever as reduction
@@ -147,35 +148,51 @@ def test_the_nccl_tier_skips_with_the_reason_without_two_gpus():
 # --- the reproduction against Megatron's own sync ----------------------------------------------
 
 
-def test_the_reproduction_is_bitwise_megatrons_own_sync():
-    """megatron-core's _ParamAndGradBuffer and start_grad_sync on 2 gloo ranks, at Nemotron's layer 0
-    slices, with and without the distributed optimizer and per-token loss, BF16 and FP32."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-    from correctness.reduction.megatron_sync import compare_on_ranks
+def megatron_sync_with_a_shifted_layout(rank, world_size, plan):
+    import torch.distributed as dist
 
+    from correctness.reduction.megatron_sync import grad_sync
+
+    layout = plan.layout(world_size)
+    shifted = dataclasses.replace(layout, starts=tuple(start + 64 for start in layout.starts))
+    group = dist.new_group(list(range(world_size)))
+    tp_groups = [dist.new_group([member]) for member in range(world_size)]
+    return grad_sync(rank_gradients(plan, rank), plan, shifted, torch.float32, group, tp_groups[rank],
+                     torch.device("cpu"), drop=False)
+
+
+@pytest.mark.parametrize("collective", ["reduce-scatter", "all-reduce"])
+@pytest.mark.parametrize("per_token", [True, False], ids=["per-token-loss", "averaged"])
+def test_megatrons_own_sync_on_ranks_sums_every_tensor(collective, per_token):
+    """megatron-core's _ParamAndGradBuffer and start_grad_sync on 2 gloo ranks, at Nemotron's layer 0
+    slices, with and without the distributed optimizer and per-token loss, BF16 and FP32: the
+    tensors cut out of its buffer at the plan's layout are the FP64 sum to the dtype's accuracy."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
-    specs = lever.cases[0].shape.tensors
-    plans = tuple(
-        draw_plan(seed=11, specs=specs, dp_sizes=(2,), collective=collective, per_token_loss=per_token, device="cpu")
-        for collective in ("reduce-scatter", "all-reduce") for per_token in (True, False)
-    )
-    ranks = run_ranks(compare_on_ranks, 2, plans, timeout=240)
-    for index, plan in enumerate(plans):
-        expected = torch.cat([
-            fp64_sum([rank_gradients(plan, r)[spec.name] for r in range(2)], plan.scaling_factor(2)).flatten()
-            for spec in plan.tensors
-        ])
-        for dtype, tolerance in (("fp32", 1e-6), ("bf16", 1e-2)):
-            for rank in range(2):
-                entry = ranks[rank][index][dtype]
-                assert entry["megatron"] == entry["reproduction"], (plan.collective, plan.per_token_loss, dtype, rank)
-            if plan.distributed_optimizer:
-                buffer = torch.cat([from_portable(ranks[r][index][dtype]["result"]) for r in range(2)])
-            else:
-                buffer = from_portable(ranks[0][index][dtype]["result"])
-            layout = plan.layout(2)
-            values = torch.cat([buffer[s:s + spec.numel].double() for spec, s in zip(plan.tensors, layout.starts)])
-            assert float((values - expected).norm() / expected.norm()) < tolerance
+    plan = draw_plan(seed=11, specs=lever.cases[0].shape.tensors, dp_sizes=(2,), collective=collective,
+                     per_token_loss=per_token, device="cpu")
+    ranks = run_ranks(reduce_on_ranks, 2, plan, timeout=240)
+    expected = torch.cat([
+        fp64_sum([rank_gradients(plan, r)[spec.name] for r in range(2)], plan.scaling_factor(2)).flatten()
+        for spec in plan.tensors
+    ])
+    layout = plan.layout(2)
+    for path, tolerance in (("default", 1e-6), ("candidate", 1e-2)):
+        if plan.distributed_optimizer:
+            buffer = torch.cat([from_portable(ranks[r]["runs"][(2, path)]["tensors"][0]) for r in range(2)])
+        else:
+            buffer = from_portable(ranks[0]["runs"][(2, path)]["tensors"][0])
+            assert ranks[1]["runs"][(2, path)]["digests"] == ranks[0]["runs"][(2, path)]["digests"]
+        values = torch.cat([buffer[s:s + spec.numel].double() for spec, s in zip(plan.tensors, layout.starts)])
+        assert float((values - expected).norm() / expected.norm()) < tolerance, (path, collective, per_token)
+
+
+def test_a_buffer_megatron_lays_out_otherwise_than_the_plan_fails_the_rank():
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    plan = draw_plan(seed=0, specs=(("w", (8, 8)), ("b", (5,))), dp_sizes=(2,), collective="reduce-scatter",
+                     per_token_loss=True, device="cpu")
+    with pytest.raises(DistributedError, match=r"Megatron laid the grad buffer out as 1 bucket\(s\), starts \(64, 0\)"):
+        run_ranks(megatron_sync_with_a_shifted_layout, 2, plan, timeout=120)
 
 
 # --- the lever end to end ----------------------------------------------------------------------
@@ -204,6 +221,15 @@ def test_cpu_tier_on_nemotron_fails_bf16_and_every_control(tmp_path):
     data = record_to_json(record)
     assert stated_fields_disagree(data) is None
     assert read_record(write_record(data, tmp_path))["verdict"] == "fail"
+
+
+def test_without_megatron_core_the_case_skips_with_the_reason(monkeypatch):
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name.split(".")[0] == "megatron" else found(name, *rest))
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    result = run_case(lever, lever.cases[0])
+    assert result.status == "skip" and "megatron-core is not installed" in result.skip_reason
 
 
 def fail_on_rank_one(rank, world_size, plan):

@@ -205,7 +205,8 @@ class RankSession:
     def _run(self, jobs: tuple[Job, ...]) -> None:
         world = max(job.tp for job in jobs)
         results = [pickle.loads(result) for result in
-                   run_ranks(run_jobs, world, pickle.dumps(jobs), self.device, timeout=self.timeout)]
+                   run_ranks(run_jobs, world, pickle.dumps(jobs), self.device, timeout=self.timeout,
+                                         cuda=self.device == "cuda")]
         self.versions = results[0]["versions"]
         for job in jobs:
             per_rank = [result["jobs"][job.key] for result in results if job.key in result["jobs"]]

@@ -4,14 +4,15 @@
 sum of the ranks' FP32 gradients.
 
 Each rank holds its own seeded FP32 gradient of one TP rank's slice of the model's first layer
-(correctness.reduction.plan); the ranks reduce them as Megatron's DDP does (correctness.reduction.ranks:
-the buffer in the reduction dtype, Megatron's pre-scaling, reduce-scatter with the distributed
-optimizer, else all-reduce), over DP 2, 4 and 8 and the recipe's own DP size where it is 1 or at
-most 8. The CPU tier runs torch.distributed on gloo ranks in spawned processes; the GPU tier NCCL,
-one GPU per rank. One run of max(DP) ranks computes every path: subgroups of ranks 0 .. DP-1
-reduce at each DP size, and each rank runs the candidate twice, the default twice and the control
-once, so that a case spawns its ranks once (starting 8 processes costs more than every collective
-of the case together). The paths then read their runs from that one run, in the order the harness
+(correctness.reduction.plan); the ranks reduce them through megatron-core's own DDP classes
+(correctness.reduction.megatron_sync: its grad buffer in the reduction dtype, its pre-scaling,
+reduce-scatter with the distributed optimizer, else all-reduce), over DP 2, 4 and 8 and the recipe's
+own DP size where it is 1 or at most 8. The CPU tier runs torch.distributed on gloo ranks forked
+from a server that imported torch and megatron-core once (correctness.distributed); the GPU tier
+NCCL, one GPU per rank, in spawned ranks. Without megatron-core the paths refuse (a skip). One run
+of max(DP) ranks computes every path: subgroups of ranks 0 .. DP-1 reduce at each DP size, and
+each rank runs the candidate twice, the default twice and the control once, so that a case starts
+its ranks once. The paths then read their runs from that one run, in the order the harness
 asks for them; its time is counted on the first path that asks (the candidate).
 
 Judged tensors: each parameter's reduced gradient at each DP size, "dp<N>/<Megatron name>", in
@@ -23,6 +24,7 @@ Negative control: the candidate with one rank's gradient dropped from the sum (i
 the rank with the smallest gradients, the hardest one to miss).
 """
 
+import importlib.util
 import math
 import time
 from collections import Counter
@@ -34,6 +36,7 @@ import torch
 
 from correctness import tiers
 from correctness.distributed import run_ranks
+from correctness.errors import PathUnavailable
 from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
 from correctness.optimizer.layout import SMOKE, ParamScale, param_slices
@@ -135,8 +138,11 @@ class ReductionInputs:
 
     def _distributed_run(self) -> dict[str, list[dict[str, torch.Tensor]]]:
         plan = self.plan
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            raise PathUnavailable("megatron-core is not installed: the ranks run its DDP gradient sync"
+                                  " (pip install -e '.[test]' installs it)")
         started = time.perf_counter()
-        ranks = run_ranks(self.rank_function, plan.world_size, plan, timeout=self.timeout)
+        ranks = run_ranks(self.rank_function, plan.world_size, plan, timeout=self.timeout, cuda=plan.device == "cuda")
         seconds = time.perf_counter() - started
         for rank, out in enumerate(ranks):
             if out["digest"] != digest(self.gradients(rank)):
@@ -148,6 +154,7 @@ class ReductionInputs:
             "ranks": plan.world_size, "dp_sizes": list(plan.dp_sizes), "collective": plan.collective,
             "backend": self.shape.backend, "distributed_run_seconds": round(seconds, 3),
             "timing": "one run of the ranks computes every path's collectives; its seconds count on the first path",
+            "megatron_core": ranks[0].get("megatron_core", "not reported"),
             **({"nccl_version": ranks[0]["nccl_version"]} if "nccl_version" in ranks[0] else {}),
         }
         return runs
@@ -345,7 +352,7 @@ def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """torch.distributed on gloo ranks in spawned processes, at the smoke scale."""
+    """megatron-core's DDP gradient sync on gloo ranks, at the smoke scale."""
     return [reduction_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale=SMOKE, options=options)]
 
 

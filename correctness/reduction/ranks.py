@@ -1,6 +1,6 @@
-"""What each data-parallel rank runs: Megatron's gradient sync, reproduced with torch.distributed.
+"""What each data-parallel rank runs: Megatron's gradient sync, through megatron-core's own classes.
 
-`reduce_on_ranks(rank, world_size, plan)` runs in every spawned rank (correctness.distributed.run_ranks
+`reduce_on_ranks(rank, world_size, plan)` runs in every rank (correctness.distributed.run_ranks
 on the CPU: gloo; on GPUs an NCCL subgroup over the same ranks, one GPU each). For every DP size d of
 the plan, ranks 0 .. d-1 form a subgroup (dist.new_group), so one run of max(d) ranks reduces at
 every size. In each subgroup, every path's sync runs on that rank's own gradient:
@@ -14,16 +14,11 @@ every size. In each subgroup, every path's sync runs on that rank's own gradient
 Those are the gradient-reduction-dtype lever's paths (plan.DTYPE_PATHS); a plan may carry others
 (the deterministic-mode lever's: plan.RankPath).
 
-One sync (`grad_sync`) is megatron-core 0.16's `_ParamAndGradBuffer` and
-`_ParamAndGradBucketGroup.start_grad_sync` (param_and_grad_buffer.py) without overlap: the grads
-written into a zeroed flat buffer of the reduction dtype at Megatron's offsets (`copy_` into the
-main_grad view: the FP32 gradient rounded to nearest even where the buffer is BF16, as the wgrad
-GEMM's FP32 accumulator is rounded when it writes a BF16 main_grad; the same bits as Megatron's
-hook, `main_grad.add_(grad)` into zeros), the buffer multiplied in place by gradient_scaling_factor
-where it is not 1, then, inside `_coalescing_manager(group, async_ops=False)`, with the distributed
-optimizer `reduce_scatter_tensor(own shard of the buffer, buffer, op=SUM)`, else
-`all_reduce(buffer, op=SUM)`. tests/test_reduction_lever.py holds this bitwise equal to
-Megatron's own classes driven on gloo ranks.
+One sync (`correctness.reduction.megatron_sync.grad_sync`) is megatron-core 0.16's own
+`_ParamAndGradBuffer` and `_ParamAndGradBucketGroup.start_grad_sync`, without overlap, on the
+path's subgroup (every rank a TP group of its own: the tier's TP rank is one rank of the model's
+TP group, whose other members do not take part in the data-parallel sync). megatron-core is
+imported once, by the server the ranks are forked from (correctness.distributed).
 
 Returned (pickled to the parent; tensors as numpy arrays of their bits, `portable`): the digest of
 the rank's gradients; per DP size and path, the digest of every run's result, and the tensors the
@@ -35,62 +30,15 @@ At DP 1 the control drops nothing (there is no other rank to sum; plan.dropped_r
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from correctness.reduction.megatron_sync import grad_sync
 from correctness.reduction.plan import (
-    DTYPES, ORDER_VARIES, RANK_DROPPED, BufferLayout, RankPath, ReductionPlan, digest, rank_gradients,
+    DTYPES, ORDER_VARIES, RANK_DROPPED, RankPath, ReductionPlan, digest, rank_gradients,
 )
-
-
-def summed_in_varying_order(buffer: torch.Tensor, group: Any, run: int) -> torch.Tensor:
-    """The group's buffers gathered and summed one after another in the buffer's dtype, starting at
-    the group rank `run` (mod the group's size): another order of addition on each run."""
-    import torch.distributed as dist
-
-    size = dist.get_world_size(group)
-    gathered = [torch.empty_like(buffer) for _ in range(size)]
-    dist.all_gather(gathered, buffer, group=group)
-    total = gathered[run % size].clone()
-    for step in range(1, size):
-        total += gathered[(run + step) % size]
-    return total
-
-
-def grad_sync(gradients: dict[str, torch.Tensor], plan: ReductionPlan, layout: BufferLayout, dtype: torch.dtype,
-              group: Any, group_rank: int, device: torch.device, drop: bool, order_run: int | None = None) -> torch.Tensor:
-    """One gradient sync of Megatron's DDP on this rank: its shard (reduce-scatter) or the whole
-    reduced buffer (all-reduce), in the buffer's dtype. `order_run`: in place of the collective,
-    the buffers summed in an order that moves with the run (summed_in_varying_order)."""
-    import torch.distributed as dist
-
-    buffer = torch.zeros(layout.numel, dtype=dtype, device=device)
-    if not drop:
-        for spec, start in zip(plan.tensors, layout.starts):
-            buffer[start:start + spec.numel].view(spec.shape).copy_(gradients[spec.name])
-    factor = plan.scaling_factor(layout.dp)
-    if factor != 1.0:
-        buffer *= factor
-    if order_run is not None:
-        total = summed_in_varying_order(buffer, group, order_run)
-        if plan.distributed_optimizer:
-            low, high = layout.shard(group_rank)
-            return total[low:high].clone()
-        return total
-    with dist._coalescing_manager(group, async_ops=False):
-        if plan.distributed_optimizer:
-            low, high = layout.shard(group_rank)
-            result = buffer[low:high]
-            with warnings.catch_warnings():  # torch 2.13 deprecates it; Megatron 0.16 calls it
-                warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.* is deprecated", category=FutureWarning)
-                dist.reduce_scatter_tensor(result, buffer, op=dist.ReduceOp.SUM, group=group)
-        else:
-            result = buffer
-            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=group)
-    return result
 
 
 def portable(tensor: torch.Tensor) -> tuple[str, Any]:
@@ -138,11 +86,13 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
+    backend = "nccl" if plan.device == "cuda" else None
+    tp_groups = [dist.new_group([member], backend=backend) for member in range(world_size)]
     groups = {}
     for dp in plan.dp_sizes:  # every rank calls new_group for every subgroup, members or not
         for env in dict.fromkeys(path.env for path in plan.paths):  # paths of one environment share a group
             with path_settings(RankPath(name="groups", dtype="fp32", runs=1, env=env)):
-                group = dist.new_group(list(range(dp)), backend="nccl" if plan.device == "cuda" else None)
+                group = dist.new_group(list(range(dp)), backend=backend)
             if rank < dp:
                 groups[(dp, env)] = group
     gradients = rank_gradients(plan, rank)
@@ -155,11 +105,10 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
         dropped = plan.dropped_rank(dp)
         for path in plan.paths:
             group = groups[(dp, path.env)]
-            group_rank = dist.get_rank(group)
             results, digests, firsts = [], [], []
             for run in range(path.runs):
                 with path_settings(path):
-                    result = grad_sync(gradients, plan, layout, DTYPES[path.dtype], group, group_rank, device,
+                    result = grad_sync(gradients, plan, layout, DTYPES[path.dtype], group, tp_groups[rank], device,
                                        drop=path.variant == RANK_DROPPED and rank == dropped,
                                        order_run=run if path.variant == ORDER_VARIES else None).cpu()
                 digests.append(digest({"result": result}))
@@ -170,6 +119,9 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
                     results.append(portable(result))
                 firsts.append(result)
             out["runs"][(dp, path.name)] = {"tensors": results, "digests": digests}
+    import megatron.core
+
+    out["megatron_core"] = str(getattr(megatron.core, "__version__", "unknown"))
     if plan.device == "cuda":
         out["nccl_version"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     return out
