@@ -7,7 +7,7 @@ The candidate is what the flags select in Megatron's `compute_language_model_los
 0.16): impl `native`, `fused_vocab_parallel_cross_entropy` (its pieces under Megatron's
 `jit_fuser`, torch.compile; TORCH_COMPILE_DISABLE=1 runs them eagerly and the record says so); impl
 `te`, TE's `parallel_cross_entropy` through Megatron's wrapper (GPU only). Every Megatron path
-runs in spawned gloo ranks (correctness.cross_entropy.ranks): at TP 2 the all-reduces of the max,
+runs in gloo ranks (correctness.cross_entropy.ranks): at TP 2 the all-reduces of the max,
 of the sum of exponentials and of the label's logit are part of what is tested.
 
 Judged per case: `loss`, the per-token loss [sequence, batch] in FP32 (every rank computes it; the
@@ -131,11 +131,11 @@ class _Planned:
 
 
 class RankSession:
-    """Megatron's runs for a group of cases, made in one spawn of gloo ranks when the first of
-    them is asked for (a spawn costs seconds of imports and compilation; the CPU tier shares one
-    among all its cases, a GPU tier spawns per case). Each planned call runs as often as the
+    """Megatron's runs for a group of cases, made in one start of gloo ranks when the first of
+    them is asked for (a start costs seconds of compilation in the ranks; the CPU tier shares one
+    among all its cases, a GPU tier starts ranks per case). Each planned call runs as often as the
     harness asks for it (the candidate and the default twice: the repeat and the positive control);
-    a path asked once more than planned gets a spawn of its own. The inputs a case's harness made
+    a path asked once more than planned gets a start of its own. The inputs a case's harness made
     are checked to be the ones its ranks saw."""
 
     def __init__(self, device: str, timeout: float):
@@ -336,7 +336,7 @@ def describe(candidate: MegatronPath) -> str:
 
 def cross_entropy_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions,
                         candidate: MegatronPath = NATIVE, shared_session: bool = True) -> Lever:
-    """The lever of every tier; `shared_session`: one spawn of ranks for all its cases (else one per case)."""
+    """The lever of every tier; `shared_session`: one start of ranks for all its cases (else one per case)."""
     model = facts_for(recipe.model, options.model)
     timeout = DEFAULT_TIMEOUT if tier.device == "cpu" else GPU_TIMEOUT
     controls = (
@@ -404,7 +404,7 @@ def _runs_impl(recipe: Recipe, impl: str) -> None:
 
 def cpu_tier(recipe_id: str, options: LeverOptions, candidate: MegatronPath = NATIVE) -> list[Lever]:
     """Megatron's native fused cross entropy (or `candidate`: any function called as the fused one,
-    by its import path) on the CPU: gloo ranks, smoke scale, one spawn for all cases."""
+    by its import path) on the CPU: gloo ranks, smoke scale, one start of ranks for all cases."""
     recipe = lever_recipe(recipe_id, options.recipe)
     _runs_impl(recipe, "native")
     return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options, candidate=candidate)]

@@ -14,7 +14,7 @@ ask for, and runs each job's calls on this rank's vocabulary shard, as Megatron'
 
 Each run takes a fresh copy of the shard (the functions subtract the max in place, and TE writes
 its gradient into its input), computes the per-token loss and backpropagates the job's upstream
-gradient. Every TP size the world divides runs in one spawn: at TP 1 each rank is a group of its own
+gradient. Every TP size the world divides runs in one start of ranks: at TP 1 each rank is a group of its own
 (Megatron's TP groups of one rank, the rest data parallel) and the ranks share the TP 1 jobs; at
 TP 2 both ranks run every TP 2 job. A rank returns its shard's outputs; the lever gathers them.
 On a GPU the ranks share the GPUs there are (both on one, over gloo); a collective that gloo

@@ -1,6 +1,6 @@
 """What one gradient-reduction case computes: the rank-local tensors, each rank's seeded gradient,
 Megatron's grad buffer layout, and the data-parallel sizes run. Everything here is plain data and
-torch: the spawned ranks import this module (correctness.reduction.ranks), and nothing heavier.
+torch: the ranks import this module (correctness.reduction.ranks), and nothing heavier.
 
 Gradients (seeded, FP32 as Megatron's main grads are): for tensor t and rank r,
 
@@ -113,7 +113,7 @@ def buffer_layout(numels: tuple[int, ...], dp: int, distributed_optimizer: bool)
 
 @dataclass(frozen=True, kw_only=True)
 class ReductionPlan:
-    """One case: what every rank draws and reduces. Picklable: it travels to the spawned ranks."""
+    """One case: what every rank draws and reduces. Picklable: it travels to the ranks."""
 
     seed: int
     tensors: tuple[TensorSpec, ...]
