@@ -23,6 +23,11 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
+def megatron_core_version() -> str:
+    """megatron-core's installed version, "unknown" where it is not installed (a path records it)."""
+    return package_version("megatron-core") or "unknown"
+
+
 @cache
 def cpu_model() -> str:
     try:

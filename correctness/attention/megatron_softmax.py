@@ -62,19 +62,11 @@ from torch.overrides import TorchFunctionMode
 
 from correctness.attention.eager import LowPrecisionGemm
 from correctness.attention.inputs import AttentionInputs
-from correctness.errors import PathUnavailable
+from correctness.errors import PathUnavailable, require_megatron_core
 from correctness.lever import PathOutput
+from correctness.provenance import megatron_core_version
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def megatron_core_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("megatron-core")
-    except Exception:  # noqa: BLE001 - a version we cannot read is recorded as unknown
-        return "unknown"
 
 
 def _is_cuda(device: Any) -> bool:
@@ -253,10 +245,7 @@ class MegatronAttention:
             raise PathUnavailable(refusal)
         if inputs.shape.dtype not in ("bf16", "fp16"):
             raise PathUnavailable(f"{inputs.shape.dtype} inputs: the softmax precision flag applies to BF16 and FP16 only")
-        try:
-            import megatron.core  # noqa: F401
-        except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+        require_megatron_core()
         device = inputs.q.device
         on_cpu = device.type == "cpu"
         with contextlib.ExitStack() as stack:

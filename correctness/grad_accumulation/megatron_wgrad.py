@@ -52,11 +52,12 @@ from unittest import mock
 
 import torch
 
-from correctness.attention.megatron_softmax import TensorParallelSize, megatron_core_version
+from correctness.attention.megatron_softmax import TensorParallelSize
 from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import PathUnavailable
 from correctness.grad_accumulation.inputs import AccumulationInputs, tensor_name
 from correctness.lever import PathOutput
+from correctness.provenance import megatron_core_version
 
 BUFFER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DROPPED, STALE = "one microbatch dropped", "main_grad not zeroed (the previous step's gradient left in)"

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from correctness.errors import PathUnavailable
 from correctness.lever import PathOutput
+from correctness.provenance import megatron_core_version
 from references.swiglu import gated_unit, gated_unit_backward
 
 FUSED = "megatron-bias-swiglu-fused"
@@ -60,15 +61,6 @@ def fuser() -> str:
     if _dynamo.config.disable:
         return "eager (torch.compile disabled: TORCH_COMPILE_DISABLE)"
     return "torch.compile"
-
-
-def megatron_core_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("megatron-core")
-    except Exception:  # noqa: BLE001 - a version we cannot read is recorded as unknown
-        return "unknown"
 
 
 def _compiled_graphs() -> int:

@@ -38,6 +38,7 @@ from correctness.lever import PathOutput
 from correctness.models import ModelFacts
 from correctness.moe.routing import seeded_routing
 from correctness.moe.shapes import MoeShape
+from correctness.provenance import megatron_core_version
 from references.moe_experts import experts_mlp_with_grads
 
 EMPTY_LOCAL_EXPERT = 1  # the local expert that receives no token
@@ -165,15 +166,6 @@ def megatron_config(shape: MoeShape, local_experts: int):
             fp16=shape.dtype == "fp16", params_dtype=shape.torch_dtype, use_cpu_initialization=True,
             perform_initialization=False, hidden_dropout=0.0, attention_dropout=0.0,
         )
-
-
-def megatron_core_version() -> str:
-    from importlib.metadata import version
-
-    try:
-        return version("megatron-core")
-    except Exception:  # noqa: BLE001 - recorded as unknown
-        return "unknown"
 
 
 @dataclass(frozen=True)

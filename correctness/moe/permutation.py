@@ -104,7 +104,7 @@ class MegatronPermutation:
             "combined_weighted": weighted.detach(), "grad_rows_weighted": weighted_rows.grad,
             "grad_merging_probs": merging_probs.grad,
         }
-        from correctness.moe.experts import megatron_core_version
+        from correctness.provenance import megatron_core_version
 
         return PathOutput(tensors=tensors, backend=self.name,
                           details={"functions": "megatron.core.transformer.moe.moe_utils.permute / unpermute",

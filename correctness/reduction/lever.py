@@ -24,7 +24,6 @@ Negative control: the candidate with one rank's gradient dropped from the sum (i
 the rank with the smallest gradients, the hardest one to miss).
 """
 
-import importlib.util
 import math
 import time
 from collections import Counter
@@ -36,10 +35,11 @@ import torch
 
 from correctness import tiers
 from correctness.distributed import run_ranks
-from correctness.errors import PathUnavailable
+from correctness.errors import require_megatron_core
 from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
 from correctness.optimizer.layout import SMOKE, ParamScale, param_slices
+from correctness.provenance import megatron_core_version
 from correctness.recipes import Recipe, lever_recipe
 from correctness.reduction.plan import (
     DP_SIZES,
@@ -138,9 +138,7 @@ class ReductionInputs:
 
     def _distributed_run(self) -> dict[str, list[dict[str, torch.Tensor]]]:
         plan = self.plan
-        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-            raise PathUnavailable("megatron-core is not installed: the ranks run its DDP gradient sync"
-                                  " (pip install -e '.[test]' installs it)")
+        require_megatron_core()  # the ranks run its DDP gradient sync
         started = time.perf_counter()
         ranks = run_ranks(self.rank_function, plan.world_size, plan, timeout=self.timeout, cuda=plan.device == "cuda")
         seconds = time.perf_counter() - started
@@ -154,7 +152,7 @@ class ReductionInputs:
             "ranks": plan.world_size, "dp_sizes": list(plan.dp_sizes), "collective": plan.collective,
             "backend": self.shape.backend, "distributed_run_seconds": round(seconds, 3),
             "timing": "one run of the ranks computes every path's collectives; its seconds count on the first path",
-            "megatron_core": ranks[0].get("megatron_core", "not reported"),
+            "megatron_core": megatron_core_version(),
             **({"nccl_version": ranks[0]["nccl_version"]} if "nccl_version" in ranks[0] else {}),
         }
         return runs

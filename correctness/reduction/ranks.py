@@ -119,9 +119,6 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
                     results.append(portable(result))
                 firsts.append(result)
             out["runs"][(dp, path.name)] = {"tensors": results, "digests": digests}
-    import megatron.core
-
-    out["megatron_core"] = str(getattr(megatron.core, "__version__", "unknown"))
     if plan.device == "cuda":
         out["nccl_version"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     return out

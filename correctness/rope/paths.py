@@ -26,6 +26,7 @@ import torch
 
 from correctness.errors import PathUnavailable
 from correctness.lever import PathOutput
+from correctness.provenance import megatron_core_version
 from correctness.rope.shapes import RopeShape
 from references.rope import rope_angles, rope_backward, rope_forward
 
@@ -122,12 +123,6 @@ def outputs(shape: RopeShape, q: torch.Tensor, k: torch.Tensor, dq: torch.Tensor
     if shape.rotary_dims < shape.head_dim:
         tensors.update((f"{name}_pass", x[..., shape.rotary_dims:].contiguous()) for name, x in named.items())
     return tensors
-
-
-def megatron_core_version() -> str:
-    from correctness.attention.megatron_softmax import megatron_core_version as version
-
-    return version()
 
 
 def te_version() -> str | None:

@@ -49,10 +49,11 @@ from unittest import mock
 
 import torch
 
-from correctness.attention.megatron_softmax import TensorParallelSize, megatron_core_version
+from correctness.attention.megatron_softmax import TensorParallelSize
 from correctness.cpu_gemm import gemm_as_cublas
-from correctness.errors import PathUnavailable
+from correctness.errors import require_megatron_core
 from correctness.lever import PathOutput
+from correctness.provenance import megatron_core_version
 
 ROUTER_DTYPE_NAMES = {None: "bf16", "fp32": "fp32", "fp64": "fp64"}  # moe_router_dtype -> the logits' dtype at BF16 inputs
 MUTATIONS = ("expert bias ignored", "top-k - 1", "scaling factor left out", "weights not normalised")
@@ -153,10 +154,7 @@ class MegatronRouter:
         return router.train()
 
     def run(self, inputs) -> PathOutput:
-        try:
-            import megatron.core  # noqa: F401
-        except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+        require_megatron_core()
         on_cpu = inputs.hidden.device.type == "cpu"
         clock = time.perf_counter()
         with contextlib.ExitStack() as stack:
