@@ -29,11 +29,14 @@ from correctness.lever import Case, Lever, Implementation, PathOutput, Streamed,
 from correctness.provenance import provenance
 from correctness.results import (
     FAIL,
+    FORMAT_LIMITED,
     NO_KERNEL_CHANGE,
     PASS,
     SKIP,
     CaseResult,
     ControlResult,
+    FormatControl,
+    FormatResult,
     Judgement,
     LeverRecord,
     PathRun,
@@ -224,6 +227,47 @@ def _resolution(candidate: Judgement) -> dict[str, Any]:
     }
 
 
+def _format_result(
+    format_name: str, roundings: tuple[str, ...], floor: Judgement, candidate: "_Candidate", repeat: bool,
+    judged_runs: list[Judgement], controls: Mapping[str, Judgement], outside_rule: list[str],
+) -> FormatResult:
+    """The case against its candidate's format. Where the candidate is outside the rule
+    (`outside_rule`, its lines; empty where it passes, or where the case fails for another reason)
+    the findings say why it is not format-limited: the floor passes the rule on a tensor the
+    candidate fails (its format can meet the rule there), the candidate is outside the format bound
+    (worse than its format allows) or biased beyond the floor's rounding, or a control is within the
+    format bound (the format bound could not tell it from the candidate)."""
+    against_floor = Judgement(run=candidate.first.runs.record(), tensors=candidate.format_first.results())
+    repeat_against_floor = (Judgement(run=candidate.repeat.runs.record(), tensors=candidate.format_repeat.results())
+                            if repeat else None)
+    format_controls = tuple(FormatControl(name=name, judgement=judgement) for name, judgement in controls.items())
+    biased = systematic_tensors(against_floor, ())
+    findings: list[str] = []
+    if outside_rule:
+        failing = dict.fromkeys(t.tensor for judgement in judged_runs for t in judgement.tensors if not t.passes)
+        floor_passes = [name for name in failing if next(t for t in floor.tensors if t.tensor == name).passes]
+        if floor_passes:
+            findings.append(f"the {format_name} format floor passes the rule on {', '.join(floor_passes)}, where the"
+                            f" candidate fails it: a {format_name} implementation can meet the rule there")
+        role = f"candidate against the {format_name} floor"
+        findings += [f"{line} (worse than {format_name} allows)" for line in _judgement_failures(role, against_floor)]
+        if repeat_against_floor is not None:
+            findings += [f"{line} (worse than {format_name} allows)"
+                         for line in _judgement_failures(f"{role} (repeat)", repeat_against_floor)]
+        findings += [f"{line} (biased beyond the {format_name} floor's rounding)"
+                     for line in _systematic_failures(against_floor, biased)]
+        findings += [
+            f"negative control '{control.name}' is within the {format_name} format bound (largest error/bound"
+            f" {control.power:.2f}, {control.judgement.worst.tensor}): the format bound cannot tell it from the candidate"
+            for control in format_controls if not control.fails
+        ]
+    return FormatResult(
+        format=format_name, roundings=roundings, floor=floor, candidate=against_floor,
+        candidate_repeat=repeat_against_floor, controls=format_controls, systematic=biased,
+        outside_rule=tuple(outside_rule) if not findings else (), findings=tuple(findings),
+    )
+
+
 @contextlib.contextmanager
 def _cpu_settings(lever: Lever) -> Iterator[None]:
     """For a CPU lever: torch's intra-op threads set to the lever's `cpu_threads` (None: left as
@@ -302,6 +346,9 @@ class _Candidate:
     repeat_invariants: _Invariants | None = None
     skip_reason: str | None = None
     error: str | None = None  # the candidate raised: it fails, the other candidates go on
+    # Its first run and its repeat with the format floor in the default's place (levers with one).
+    format_first: OutputsAccumulator | None = None
+    format_repeat: OutputsAccumulator | None = None
 
     @property
     def active(self) -> bool:
@@ -336,6 +383,12 @@ def _run_candidates(
         for path in candidates
     ]
     default_repeat = judged(lever.default, "default (repeat)")
+    floor = lever.format_floor
+    floor_judged = judged(floor.path, f"format floor ({floor.format})") if floor else None
+    if floor:
+        for candidate in judged_candidates:
+            candidate.format_first = OutputsAccumulator(rule=lever.rule, slicing=lever.slicing)
+            candidate.format_repeat = OutputsAccumulator(rule=lever.rule, slicing=lever.slicing)
     applicable = {control.name: control.why_inapplicable(case) for control in lever.controls}
     controls = {
         control.name: judged(control.path, f"control '{control.name}'")
@@ -345,6 +398,7 @@ def _run_candidates(
     default_invariants = _Invariants(role="the default")
     default_spread = SpreadAccumulator()
     control_spreads = {name: SpreadAccumulator() for name in controls}
+    control_formats = {name: OutputsAccumulator(rule=lever.rule, slicing=lever.slicing) for name in controls} if floor else {}
     error: str | None = None
     try:
         inputs = case.make_inputs(device)
@@ -366,9 +420,16 @@ def _run_candidates(
             default_invariants.check(lever, unit, default_out.tensors)
             offsets = judged_candidates[min(firsts)].first.comparisons.offsets()
             shared = outputs_baselines(default_out.tensors, reference_out.tensors, offsets, lever.slicing)
+            floor_out = floor_shared = None
+            if floor_judged is not None:
+                floor_out = floor_judged.runs.run(unit).tensors
+                floor_judged.comparisons.add(floor_out, default_out.tensors, reference_out.tensors, shared)
+                floor_shared = outputs_baselines(floor_out, reference_out.tensors, offsets, lever.slicing)
             for index, first in firsts.items():
                 candidate = judged_candidates[index]
                 candidate.first.comparisons.add(first.tensors, default_out.tensors, reference_out.tensors, shared)
+                if floor_out is not None:
+                    candidate.format_first.add(first.tensors, floor_out, reference_out.tensors, floor_shared)
                 candidate.invariants.check(lever, unit, first.tensors)
                 if repeat:
                     try:
@@ -379,6 +440,8 @@ def _run_candidates(
                         candidate.error = str(path_error)
                         continue
                     candidate.repeat.comparisons.add(second.tensors, default_out.tensors, reference_out.tensors, shared)
+                    if floor_out is not None:
+                        candidate.format_repeat.add(second.tensors, floor_out, reference_out.tensors, floor_shared)
                     candidate.repeat_invariants.check(lever, unit, second.tensors)
                     candidate.spread.add(1, first.tensors, second.tensors)
                     del second
@@ -401,8 +464,11 @@ def _run_candidates(
             for name, control in controls.items():
                 control_first = control.runs.run(unit).tensors
                 control.comparisons.add(control_first, default_out.tensors, reference_out.tensors, shared)
+                if floor_out is not None:
+                    control_formats[name].add(control_first, floor_out, reference_out.tensors, floor_shared)
                 for again in range(1, lever.rule.runs if lever.rule.bitwise_repeatable else 1):
                     control_spreads[name].add(again, control_first, control.runs.run(unit).tensors)
+            del floor_out, floor_shared
     except PathUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
         return tuple(_not_judged(case, started, skip_reason=str(unavailable)) for _ in candidates)
     except _PathError as path_error:
@@ -445,10 +511,10 @@ def _run_candidates(
         candidate_judgement = candidate.first.judgement()
         repeat_judgement = candidate.repeat.judgement() if repeat else None
         secondary = tuple(extra.judgement() for extra in candidate.secondary)
-        failures = _judgement_failures("candidate", candidate_judgement)
+        outside_rule = _judgement_failures("candidate", candidate_judgement)
         if repeat_judgement is not None:
-            failures += _judgement_failures("candidate (repeat)", repeat_judgement)
-        failures += candidate.invariants.failures() + candidate.repeat_invariants.failures()
+            outside_rule += _judgement_failures("candidate (repeat)", repeat_judgement)
+        failures = candidate.invariants.failures() + candidate.repeat_invariants.failures()
         candidate_spread = candidate.spread.spreads()
         if lever.rule.bitwise_repeatable and repeat:
             failures += [_spread_failure("candidate", spread) for spread in candidate_spread]
@@ -458,9 +524,21 @@ def _run_candidates(
         flagged = systematic_tensors(candidate_judgement, secondary)
         if strict_systematic:
             failures += _systematic_failures(candidate_judgement, flagged)
+        format_result = None
+        if floor_judged is not None:
+            format_result = _format_result(
+                floor.format, floor.roundings, floor_judged.judgement(), candidate, repeat,
+                [candidate_judgement] + ([repeat_judgement] if repeat_judgement is not None else []),
+                {name: Judgement(run=controls[name].runs.record(), tensors=acc.results())
+                 for name, acc in control_formats.items()},
+                outside_rule if not failures else [],
+            )
+        limited = bool(outside_rule) and format_result is not None and not failures and not format_result.findings
+        if outside_rule and not limited:
+            failures = outside_rule + failures + (list(format_result.findings) if format_result else [])
         result = CaseResult(
             **_identity(case),
-            status=FAIL if failures else (NO_KERNEL_CHANGE if same_kernel else PASS),
+            status=FAIL if failures else (FORMAT_LIMITED if limited else NO_KERNEL_CHANGE if same_kernel else PASS),
             skip_reason=None,
             failures=tuple(failures),
             reference=reference.record(),
@@ -480,6 +558,7 @@ def _run_candidates(
             resolution=_resolution(candidate_judgement),
             summary={},
             seconds=time.perf_counter() - started,
+            format=format_result,
         )
         results.append(replace(result, summary=dict(lever.summarize(result))) if lever.summarize else result)
     return tuple(results)
@@ -509,6 +588,10 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         },
         "slicing": None if lever.slicing is None else lever.slicing.describe(),
         "invariants": [invariant.name for invariant in lever.invariants],
+        "format_floor": None if lever.format_floor is None else {
+            "format": lever.format_floor.format, "roundings": list(lever.format_floor.roundings),
+            "path": lever.format_floor.path.name,
+        },
     }
 
 

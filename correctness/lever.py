@@ -110,6 +110,25 @@ class Invariant:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FormatFloor:
+    """Where a candidate stores, reduces or computes in a narrower format than its default, and so
+    what the best implementation in that format can do. `path` is the FP64 reference passed
+    through exactly the `roundings` (each rank's gradient to BF16 before the sum; the Adam moments
+    at every step) and otherwise exact, its outputs in the candidate's dtypes. Its error is the
+    format floor: where the floor alone fails the rule, no implementation in `format` can meet it,
+    and the candidate is measured against the floor instead (correctness.rule.Rule.bound with the
+    floor's error in the default's place; the harness decides `format-limited`)."""
+
+    format: str  # the narrower format, as users name it: "BF16", "FP8 E4M3"
+    roundings: tuple[str, ...]  # where the format rounds, one phrase each
+    path: Implementation
+
+    def __post_init__(self):
+        if not self.roundings:
+            raise ValueError(f"format floor {self.format}: declares no roundings, so it would be the reference itself")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Case:
     """One seeded set of inputs at one shape. `make_inputs(device)` builds them when the case runs
     (the inputs themselves, or `Streamed` units of them).
@@ -211,6 +230,9 @@ class Lever:
     # so that an error confined to a few rows is not diluted; None: whole tensors only.
     slicing: Slicing | None = None
     invariants: tuple[Invariant, ...] = ()
+    # The candidate's narrower format, where it has one (correctness.lever.FormatFloor): a case
+    # whose candidate fails the rule only as its format must is `format-limited`, not `fail`.
+    format_floor: FormatFloor | None = None
 
     def __post_init__(self):
         if not isinstance(self.tier, Tier):

@@ -21,12 +21,16 @@ from correctness.files import folder_parts, read_input, replace_file
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 5  # 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
+FORMAT_VERSION = 6  # 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run
 NO_KERNEL_CHANGE = "no kernel change"  # the candidate ran the default's own kernel (bitwise identical)
-RAN = (PASS, NO_KERNEL_CHANGE)  # the case statuses of a case that ran and held
+# The candidate fails the rule only as its narrower format must: the format floor (the FP64
+# reference through the format's roundings alone) fails it too, and the candidate is within the
+# rule measured against that floor (correctness.lever.FormatFloor).
+FORMAT_LIMITED = "format-limited"
+RAN = (PASS, NO_KERNEL_CHANGE, FORMAT_LIMITED)  # the case statuses of a case that ran and held
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,13 +97,56 @@ class ControlResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FormatControl:
+    """A negative control judged against the format bound (the format floor in the default's
+    place): it must fail that bound too, or the format bound could not tell it from the candidate."""
+
+    name: str
+    judgement: Judgement
+
+    @property
+    def fails(self) -> bool:
+        return not self.judgement.passes
+
+    @property
+    def power(self) -> float:
+        return self.judgement.worst.error_over_bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatResult:
+    """A case judged against its candidate's format (correctness.lever.FormatFloor)."""
+
+    format: str
+    roundings: tuple[str, ...]
+    # The floor judged under the rule against the default: where it fails, no implementation in
+    # the format meets the rule on that tensor.
+    floor: Judgement
+    # The candidate's runs with the floor in the default's place: bound = factor x floor + slack.
+    candidate: Judgement
+    candidate_repeat: Judgement | None
+    controls: tuple[FormatControl, ...]  # the applicable controls, against the same bound
+    systematic: tuple[str, ...]  # candidate tensors biased beyond the floor's rounding (the diagnostic, floor as default)
+    # The candidate's lines outside the rule where the case is format-limited (its format's limit,
+    # not a failure); empty otherwise.
+    outside_rule: tuple[str, ...]
+    # Why a candidate outside the rule is not format-limited (worse than its format allows, a
+    # control within the format bound, ...); empty where it is, or where it passes the rule.
+    findings: tuple[str, ...]
+
+    @property
+    def floor_fails_rule(self) -> tuple[str, ...]:
+        return tuple(t.tensor for t in self.floor.tensors if not t.passes)
+
+
+@dataclass(frozen=True, kw_only=True)
 class CaseResult:
     case_id: str
     source: str
     variant: str
     seed: int | None
     shape: Mapping[str, Any]
-    status: str  # "pass", "fail", "skip" or "no kernel change"
+    status: str  # "pass", "fail", "skip", "no kernel change" or "format-limited"
     skip_reason: str | None
     required: bool  # whether the lever's evidence needs this case (see Case.required)
     expected_backend: str | None  # what the recipe says the candidate runs here, where it says
@@ -125,6 +172,7 @@ class CaseResult:
     resolution: Mapping[str, Any]
     summary: Mapping[str, Any]  # the lever's own figures for the case
     seconds: float
+    format: FormatResult | None = None  # where the lever declares a format floor and the case was judged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +274,7 @@ def assess(statuses: Mapping[str, str], declared: Sequence[str], optional: Colle
     - "fail": a case failed (its candidate, a control, or an error);
     - "skip": no case ran (every one refused or skipped);
     - "incomplete": a required case skipped, or a declared case is not in the record;
+    - "format-limited": a case that ran is format-limited, and every other one passed;
     - "no kernel change": every case that ran ran the default's own kernel;
     - "pass": otherwise: every case that ran passed, and every required case ran."""
     missing = tuple(case for case in declared if case not in statuses)
@@ -244,6 +293,8 @@ def assess(statuses: Mapping[str, str], declared: Sequence[str], optional: Colle
         verdict = SKIP
     elif missing or completeness.required_skipped:
         verdict = INCOMPLETE
+    elif FORMAT_LIMITED in ran:
+        verdict = FORMAT_LIMITED
     elif ran == {NO_KERNEL_CHANGE}:
         verdict = NO_KERNEL_CHANGE
     else:
@@ -263,6 +314,12 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Systematic):
         fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {**fields, "over_threshold": _jsonable(value.over_threshold)}
+    if isinstance(value, FormatControl):
+        return {"name": value.name, "fails": value.fails, "power": _jsonable(value.power),
+                "judgement": _jsonable(value.judgement)}
+    if isinstance(value, FormatResult):
+        fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {**fields, "floor_fails_rule": list(value.floor_fails_rule)}
     if isinstance(value, ControlResult):
         return {
             "name": value.name,
