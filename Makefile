@@ -19,8 +19,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# Its summary opens with each seed recipe's verdict (what the recipe changed against its reference,
+# judged on the levers those changes need), then every lever's verdict table; pytest's own short
+# summary lists failures only (the tables say what skipped and why), without the libraries' warnings.
 component-tests: install
-	$(BIN)/python -m pytest component_tests
+	$(BIN)/python -m pytest component_tests -rfE --disable-warnings
 
 # The whole suite on every core (pytest-xdist, from the test extra; the workers share the cores'
 # torch threads and merge their lever records): on 2 cores about 30% faster than one process.

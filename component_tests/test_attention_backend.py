@@ -9,16 +9,16 @@ from correctness.attention import lever as attention
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
 
-@pytest.mark.levers(factory=partial(attention.recipe_gpu_tier, RECIPE))
+@pytest.mark.levers(factory=partial(attention.recipe_gpu_tier, RECIPE), lever=attention.NAME)
 def test_te_auto_against_te_unfused(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=partial(attention.gpu_sdpa_tier, RECIPE))
+@pytest.mark.levers(factory=partial(attention.gpu_sdpa_tier, RECIPE), lever=attention.NAME)
 def test_sdpa_fused_against_eager_unfused(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=partial(attention.cpu_tier, RECIPE))
+@pytest.mark.levers(factory=partial(attention.cpu_tier, RECIPE), lever=attention.NAME)
 def test_sdpa_flash_cpu_against_eager_unfused(lever, case, lever_check):
     lever_check(lever, case)

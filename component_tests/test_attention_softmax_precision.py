@@ -13,17 +13,17 @@ from correctness.attention import softmax_precision
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
 
-@pytest.mark.levers(factory=partial(softmax_precision.gpu_tier, RECIPE))
+@pytest.mark.levers(factory=partial(softmax_precision.gpu_tier, RECIPE), lever=softmax_precision.NAME)
 def test_megatron_softmax_bf16_against_fp32_gpu(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=partial(softmax_precision.cpu_tier, RECIPE))
+@pytest.mark.levers(factory=partial(softmax_precision.cpu_tier, RECIPE), lever=softmax_precision.NAME)
 def test_megatron_softmax_bf16_against_fp32_cpu(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=partial(softmax_precision.fusion_gpu_tier, RECIPE))
+@pytest.mark.levers(factory=partial(softmax_precision.fusion_gpu_tier, RECIPE), lever=softmax_precision.NAME)
 def test_megatron_fused_masked_softmax_against_torch_softmax_gpu(lever, case, lever_check):
     """`--no-masked-softmax-fusion`: Megatron's fused masked-softmax kernel (where its CUDA extension
     is built and the shape is one it takes) against its torch softmax."""

@@ -15,12 +15,12 @@ from correctness.mlp import lever as swiglu
 from correctness.recipe_sets import GEMMA, LLAMA, MOONLIGHT, NEMOTRON, at_recipes
 
 
-@pytest.mark.levers(factory=at_recipes(swiglu.megatron_gpu_tier, (GEMMA, NEMOTRON, LLAMA, MOONLIGHT)))
+@pytest.mark.levers(factory=at_recipes(swiglu.megatron_gpu_tier, (GEMMA, NEMOTRON, LLAMA, MOONLIGHT)), lever=swiglu.NAME)
 def test_bias_swiglu_fusion_on_gpu(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=at_recipes(swiglu.cpu_tier, (GEMMA, NEMOTRON, LLAMA)))
+@pytest.mark.levers(factory=at_recipes(swiglu.cpu_tier, (GEMMA, NEMOTRON, LLAMA)), lever=swiglu.NAME)
 def test_bias_swiglu_fusion_on_cpu(lever, case, lever_check):
     """Megatron's fused SwiGLU compiled for the CPU against its unfused SwiGLU."""
     lever_check(lever, case)

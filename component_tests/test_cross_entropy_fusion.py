@@ -9,17 +9,17 @@ from correctness.cross_entropy import lever as cross_entropy
 from correctness.recipe_sets import at_recipes
 
 
-@pytest.mark.levers(factory=at_recipes(cross_entropy.recipe_gpu_tier))
+@pytest.mark.levers(factory=at_recipes(cross_entropy.recipe_gpu_tier), lever=cross_entropy.NAME)
 def test_cross_entropy_fusion_with_te(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=at_recipes(cross_entropy.megatron_gpu_tier))
+@pytest.mark.levers(factory=at_recipes(cross_entropy.megatron_gpu_tier), lever=cross_entropy.NAME)
 def test_cross_entropy_fusion_native_on_gpu(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=at_recipes(cross_entropy.cpu_tier))
+@pytest.mark.levers(factory=at_recipes(cross_entropy.cpu_tier), lever=cross_entropy.NAME)
 def test_cross_entropy_fusion_native_on_cpu(lever, case, lever_check):
     """Megatron's own fused and unfused functions on 1 and 2 gloo ranks, on the CPU."""
     lever_check(lever, case)

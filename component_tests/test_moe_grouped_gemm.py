@@ -10,12 +10,12 @@ from correctness.recipe_sets import NEMOTRON, QWEN3_MOE, at_recipes
 MOE_RECIPES = (NEMOTRON, QWEN3_MOE)
 
 
-@pytest.mark.levers(factory=at_recipes(grouped_gemm_lever.recipe_gpu_tier, MOE_RECIPES))
+@pytest.mark.levers(factory=at_recipes(grouped_gemm_lever.recipe_gpu_tier, MOE_RECIPES), lever=grouped_gemm_lever.NAME)
 def test_moe_grouped_gemm_with_te(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=at_recipes(grouped_gemm_lever.cpu_tier, MOE_RECIPES))
+@pytest.mark.levers(factory=at_recipes(grouped_gemm_lever.cpu_tier, MOE_RECIPES), lever=grouped_gemm_lever.NAME)
 def test_moe_grouped_gemm_on_cpu(lever, case, lever_check):
     """torch's CPU grouped matmul against Megatron's SequentialMLP."""
     lever_check(lever, case)

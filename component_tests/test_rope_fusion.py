@@ -12,12 +12,12 @@ from correctness.rope import lever as rope
 from correctness.recipe_sets import at_recipes
 
 
-@pytest.mark.levers(factory=at_recipes(rope.recipe_gpu_tier))
+@pytest.mark.levers(factory=at_recipes(rope.recipe_gpu_tier), lever=rope.NAME)
 def test_rope_fusion_te_on_gpu(lever, case, lever_check):
     lever_check(lever, case)
 
 
-@pytest.mark.levers(factory=at_recipes(rope.cpu_tier))
+@pytest.mark.levers(factory=at_recipes(rope.cpu_tier), lever=rope.NAME)
 def test_rope_fusion_on_cpu(lever, case, lever_check):
     """Megatron's own unfused RoPE on the CPU against the fused kernel's arithmetic."""
     lever_check(lever, case)

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.entries import count, errors_sentence, generic_text, gpu_label
+from correctness.entries import count, errors_sentence, format_sentence, generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import locked, refuse_read_only
+from correctness.model_config import same_model
 from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
 from correctness.registry import known_lever
-from correctness.results import RAN, SKIP, LeverRecord, read_record, stated_fields_disagree
+from correctness.results import FORMAT_LIMITED, RAN, SKIP, CaseResult, LeverRecord, read_record, stated_fields_disagree
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
 
@@ -50,7 +51,7 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
     if disagreement:
         problems.append(f"it contradicts itself: {disagreement}")
     lever = record.lever
-    if record.recipe.model != recipe.model:
+    if not same_model(record.recipe.model, recipe.model):
         problems.append(f"it is for {record.recipe.model}, not {recipe.model}")
     elif record.recipe.gpu != recipe.gpu:
         problems.append(f"it is for the {record.recipe.gpu} recipe {record.recipe.id}, not an {recipe.gpu} one")
@@ -76,9 +77,32 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
         for control in case.controls:
             if control.judgement is not None and not control.fails:
                 problems.append(f"case {case.case_id} passes while its control '{control.name}' passed")
-        failing = [t.tensor for t in case.candidate.tensors if not t.passes]
-        if failing:
-            problems.append(f"case {case.case_id} passes while its candidate fails on {failing}")
+        problems += _candidate_problems(case)
+    return problems
+
+
+def _candidate_problems(case: CaseResult) -> list[str]:
+    """Where a case that held says otherwise of its candidate: a passing case whose candidate fails
+    the rule, or a format-limited one whose candidate or controls are not as its format allows."""
+    failing = [t.tensor for t in case.candidate.tensors if not t.passes]
+    if case.status != FORMAT_LIMITED:
+        return [f"case {case.case_id} passes while its candidate fails on {failing}"] if failing else []
+    judged = case.format
+    if judged is None or not failing:
+        return [f"case {case.case_id} is format-limited while its candidate "
+                + ("has no format figures" if judged is None else "passes the rule")]
+    problems = []
+    beyond = [t.tensor for t in judged.candidate.tensors if not t.passes]
+    if beyond:
+        problems.append(f"case {case.case_id} is format-limited while its candidate is outside the format bound on {beyond}")
+    floor_passes = sorted(set(failing) - set(judged.floor_fails_rule))
+    if floor_passes:
+        problems.append(f"case {case.case_id} is format-limited while its {judged.format} floor passes the rule on {floor_passes}")
+    problems += [f"case {case.case_id} is format-limited while its control '{control.name}' is within the format bound"
+                 for control in judged.controls if not control.fails]
+    if judged.systematic:
+        problems.append(f"case {case.case_id} is format-limited while its candidate is biased beyond the floor on"
+                        f" {list(judged.systematic)}")
     return problems
 
 
@@ -91,8 +115,7 @@ def entry_text(record: LeverRecord) -> dict[str, str]:
 
 def component_test_entry(record: LeverRecord) -> dict[str, Any]:
     text = entry_text(record)
-    errors = errors_sentence(record)
-    detail = "; ".join(part for part in (text["detail"], errors) if part)
+    detail = "; ".join(part for part in (text["detail"], format_sentence(record), errors_sentence(record)) if part)
     return {
         "test": record.lever["description"],
         "shape": text["shape"],

@@ -5,11 +5,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.classify import Classification, classify_recipe
+from correctness.classify import (
+    MEGATRON_DEFAULTS,
+    Classification,
+    component_test_results,
+    default_rules,
+    reference_path,
+)
+from correctness.entries import format_limited_sentence
 from correctness.errors import RecipeError
 from correctness.models import facts_for, load_facts
+from correctness.recipe_verdict import change_text, recipe_changes
 from correctness.recipes import Recipe, load_recipe, validate_recipe
-from correctness.results import FAIL, INCOMPLETE, NO_KERNEL_CHANGE, PASS
+from correctness.results import FAIL, FORMAT_LIMITED, INCOMPLETE, PASS
 
 
 @dataclass(frozen=True)
@@ -17,6 +25,9 @@ class Finding:
     part: str  # "configuration", "component test <lever>", "convergence"
     status: str  # pass, fail or incomplete
     detail: str
+    lever: str | None = None  # a component test's lever
+    result: str | None = None  # its result attached from the recipe's GPU (what the verdict counts)
+    cpu_result: str | None = None  # its result attached from the CPU tiers: CPU evidence, shown as such
 
 
 @dataclass(frozen=True)
@@ -72,24 +83,30 @@ def check_recipe(path: str | Path, reference: str | Path | None = None,
         facts_for(recipe.model, load_facts(model_config) if model_config else None)
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error} (a verdict needs the model's facts)") from None
-    classification = classify_recipe(recipe, reference)
-    findings = [
-        Finding(
-            "configuration",
-            {"pass": PASS, "fail": FAIL}.get(classification.verdict, INCOMPLETE),
-            ", ".join(f"{n} {klass}" for klass, n in classification.counts.items() if n) or "no changed arguments",
-        )
-    ]
+    classification = recipe_changes(recipe, reference)
+    counted = ", ".join(f"{n} {klass}" for klass, n in classification.counts.items() if n) or "no changed arguments"
+    if classification.reference == MEGATRON_DEFAULTS:
+        configuration = Finding("configuration", INCOMPLETE, f"no reference recipe ({reference_path(recipe)}, or"
+                                f" --reference): numerics arguments judged against Megatron's defaults ({counted});"
+                                " the others cannot be judged without one")
+    else:
+        configuration = Finding("configuration", {"pass": PASS, "fail": FAIL}.get(classification.verdict, INCOMPLETE),
+                                counted)
+    findings = [configuration]
+    cpu_results = component_test_results(recipe, default_rules(), on_cpu=True)
     for change in classification.changes:
         for lever in change.levers:
-            result = change.result_of(lever)
-            status = PASS if result in (PASS, NO_KERNEL_CHANGE) else FAIL if result == FAIL else INCOMPLETE
-            detail = (
-                f"{change.flag} {' '.join(change.reference_values or ['(default)'])} -> "
-                f"{' '.join(change.candidate_values or ['(absent)'])}: "
-                + (f"result {result} on {recipe.gpu}" if result else f"no {recipe.gpu} result attached")
-            )
-            findings.append(Finding(f"component test {lever}", status, detail))
+            result, cpu = change.result_of(lever), cpu_results.get(lever)
+            status = PASS if change.covers(result) else FAIL if result == FAIL else INCOMPLETE
+            detail = f"{change_text(change)}: " + (f"result {result} on {recipe.gpu}" if result
+                                                   else f"no {recipe.gpu} result attached")
+            if result == FORMAT_LIMITED:
+                detail += (f" ({format_limited_sentence('its format')}: the convergence block"
+                           f" {'passes' if change.convergence_passes else 'does not pass'})")
+            if cpu:
+                detail += f"; CPU evidence: {cpu}"
+            findings.append(Finding(f"component test {lever}", status, detail, lever=lever, result=result,
+                                    cpu_result=cpu))
     findings.append(_convergence(recipe))
     return RecipeCheck(
         recipe=recipe.id,

@@ -12,6 +12,8 @@ The configuration's verdict:
 - "pass": no must-match change, no unknown argument, and every numerics change's lever passed;
 - "incomplete": otherwise (an unknown argument, a numerics argument without a lever, a lever
   without a result).
+A format-limited lever result, and a numerics change without a lever, count as covered only
+together with a passing correctness.convergence block: their evidence is a convergence run.
 
 Everything here is read-only: it reads files and returns values.
 """
@@ -27,10 +29,11 @@ from typing import Any
 
 import yaml
 
+from correctness.entries import CPU_LABEL
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
 from correctness.recipes import Recipe, load_yaml, read_yaml_input, training_arguments
-from correctness.results import FAIL, INCOMPLETE, NO_KERNEL_CHANGE, PASS
+from correctness.results import FAIL, FORMAT_LIMITED, NO_KERNEL_CHANGE, PASS, weakest
 
 REFERENCES_DIR = FIXTURES_DIR / "references"
 CLASSES = ("placement", "numerics", "batching", "must-match", "inert")
@@ -39,7 +42,9 @@ Arguments = Mapping[str, list[list[str]]]
 
 # A change's outcome: what it asks of the configuration.
 OK = "ok"  # placement, batching, inert
-COVERED = "covered"  # numerics, its lever passed (or ran the reference's own kernel: no kernel change)
+# numerics: its lever passed, ran the reference's own kernel (no kernel change), or is as accurate
+# as its format allows (format-limited), or it has no lever, and a passing convergence run is the evidence
+COVERED = "covered"
 FAILED = "fail"  # numerics, its lever failed
 MISSING = "missing"  # numerics, no result for its lever, or an incomplete one
 REVIEW = "review"  # unknown argument, or numerics without a lever
@@ -200,9 +205,15 @@ class Change:
     lever_results: Mapping[str, str] = field(default_factory=dict)
     default: tuple[str, ...] | None = None  # what an absent flag means, from the rules
     notes: tuple[str, ...] = ()
+    # The recipe's correctness.convergence block passes: a format-limited lever counts only with it.
+    convergence_passes: bool = False
 
     def result_of(self, lever: str) -> str | None:
         return self.lever_results.get(lever)
+
+    def covers(self, result: str | None) -> bool:
+        """Whether a lever result covers this change."""
+        return result in (PASS, NO_KERNEL_CHANGE) or (result == FORMAT_LIMITED and self.convergence_passes)
 
     @property
     def kind(self) -> str:
@@ -220,12 +231,12 @@ class Change:
             return REVIEW
         if self.klass != "numerics":
             return OK
-        if not self.levers:
-            return REVIEW
+        if not self.levers:  # its evidence is a convergence run (the rules' no_lever)
+            return COVERED if self.convergence_passes else REVIEW
         results = [self.result_of(lever) for lever in self.levers]
         if FAIL in results:
             return FAILED
-        if all(result in (PASS, NO_KERNEL_CHANGE) for result in results):
+        if all(self.covers(result) for result in results):
             return COVERED
         return MISSING
 
@@ -235,7 +246,7 @@ class Change:
             "candidate": _listed(self.candidate_values), "default": _listed(self.default), "class": self.klass,
             "reason": self.reason, "levers": list(self.levers),
             "lever_results": {lever: self.result_of(lever) for lever in self.levers},
-            "outcome": self.outcome, "notes": list(self.notes),
+            "convergence_passes": self.convergence_passes, "outcome": self.outcome, "notes": list(self.notes),
         }
 
 
@@ -298,11 +309,18 @@ def _repeats(arguments: Arguments, flag: str, side: str) -> list[str]:
     return [f"given {len(occurrences)} times in the {side} ({given}): the last counts"]
 
 
-def component_test_results(candidate: Recipe, rules: Rules) -> dict[str, str]:
+def is_cpu_entry(gpu: Any) -> bool:
+    """An entry run on a CPU tier: `CPU`, or `CPU (<tier>)` for a tier other than the plain CPU one
+    (correctness.entries.gpu_label)."""
+    return isinstance(gpu, str) and (gpu == CPU_LABEL or gpu.startswith(f"{CPU_LABEL} ("))
+
+
+def component_test_results(candidate: Recipe, rules: Rules, on_cpu: bool = False) -> dict[str, str]:
     """Lever -> result of the candidate's `correctness.component_tests` entries for it: an entry's
     `lever:` key names it, or else its `test:` title matches the lever's patterns. Only entries run
-    on the recipe's own GPU count (a CPU-tier entry is not evidence at the recipe's shape). Among
-    several entries for one lever the weakest evidence wins: fail, then incomplete, then the rest."""
+    on the recipe's own GPU count (a CPU-tier entry is not evidence at the recipe's shape), or, with
+    `on_cpu`, only those of the CPU tiers (CPU evidence, shown as such). Among several entries for
+    one lever the weakest evidence wins (correctness.results.weakest)."""
     entries = candidate.field("correctness.component_tests")
     if not isinstance(entries, list):
         raise RecipeError(f"recipe {candidate.id}: field correctness.component_tests must be a list")
@@ -310,7 +328,7 @@ def component_test_results(candidate: Recipe, rules: Rules) -> dict[str, str]:
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise RecipeError(f"recipe {candidate.id}: correctness.component_tests[{index}] must be a mapping")
-        if entry.get("gpu") not in (None, candidate.gpu):
+        if is_cpu_entry(entry.get("gpu")) != on_cpu or (not on_cpu and entry.get("gpu") not in (None, candidate.gpu)):
             continue
         result = str(entry.get("result"))
         if entry.get("lever") is not None:
@@ -323,8 +341,14 @@ def component_test_results(candidate: Recipe, rules: Rules) -> dict[str, str]:
             levers = [name for name, lever in rules.levers.items() if lever.matches(title)]
         for lever in levers:
             found.setdefault(lever, []).append(result)
-    weakest = (FAIL, INCOMPLETE, PASS, NO_KERNEL_CHANGE)
-    return {lever: next((r for r in weakest if r in results), results[0]) for lever, results in found.items()}
+    return {lever: weakest(results) for lever, results in found.items()}
+
+
+def convergence_passes(candidate: Recipe) -> bool:
+    """The recipe's correctness.convergence block says pass."""
+    correctness = candidate.data.get("correctness")
+    block = correctness.get("convergence") if isinstance(correctness, dict) else None
+    return isinstance(block, dict) and block.get("result") == PASS
 
 
 def _ordered_flags(candidate: Arguments, reference: Arguments) -> list[str]:
@@ -342,8 +366,6 @@ def classify(candidate: Recipe, reference_arguments: Arguments, rules: Rules | N
     arguments = candidate.arguments
     if not arguments:
         raise RecipeError(f"recipe {candidate.id}: field run has no train.py command")
-    if not reference_arguments:
-        raise RecipeError(f"reference {reference or '(given)'}: no train.py arguments")
     changes = []
     for flag in _ordered_flags(arguments, reference_arguments):
         rule = rules.rule(flag)
@@ -359,15 +381,40 @@ def classify(candidate: Recipe, reference_arguments: Arguments, rules: Rules | N
         else:
             changes.append(Change(flag, mine, theirs, rule.klass, rule.reason, levers=rule.levers, default=default,
                                   notes=tuple(notes)))
-    results: dict[str, str] = {}
-    if any(change.levers for change in changes):
-        results = component_test_results(candidate, rules)
-        changes = [
-            replace(change, lever_results={lever: results[lever] for lever in change.levers if lever in results})
-            for change in changes
-        ]
+    results = component_test_results(candidate, rules) if any(change.levers for change in changes) else {}
+    converged = convergence_passes(candidate)
+    changes = [
+        replace(change, lever_results={lever: results[lever] for lever in change.levers if lever in results},
+                convergence_passes=converged)
+        for change in changes
+    ]
     return Classification(recipe=candidate.id, reference=reference, rules=rules.source, changes=tuple(changes),
                           lever_results=results)
+
+
+MEGATRON_DEFAULTS = "Megatron's defaults (no reference recipe)"
+
+
+def defaults_reference(candidate: Recipe, rules: Rules) -> dict[str, list[list[str]]]:
+    """The arguments of a reference that differs from the candidate only where the candidate sets a
+    numerics argument to anything but its default: each numerics argument at its default from the
+    rules (absent where the rules give none, so that a switch, or a value whose default the rules do
+    not know, counts as changed); every other argument as the candidate gives it."""
+    reference: dict[str, list[list[str]]] = {}
+    for flag, occurrences in candidate.arguments.items():
+        rule = rules.rule(flag)
+        if rule is None or rule.klass != "numerics":
+            reference[flag] = occurrences
+        elif rule.default is not None:
+            reference[flag] = [list(rule.default)]
+    return reference
+
+
+def classify_against_defaults(candidate: Recipe, rules: Rules | None = None) -> Classification:
+    """classify() where the recipe has no reference: its numerics arguments against Megatron's
+    defaults (defaults_reference); no other argument can be judged without a reference."""
+    rules = rules or default_rules()
+    return classify(candidate, defaults_reference(candidate, rules), rules, reference=MEGATRON_DEFAULTS)
 
 
 def reference_path(candidate: Recipe) -> Path:

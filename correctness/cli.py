@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
             name, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
         sub.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+        sub.add_argument("--wide", action="store_true",
+                         help="print every table cell whole, however wide (by default tables fit in 120 columns"
+                         " and other lines wrap at 160)")
         module.add_arguments(sub)
         sub.set_defaults(run=module.run, parser=sub)
     return top

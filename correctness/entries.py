@@ -11,7 +11,7 @@ from typing import Any
 
 from correctness.compare import TensorComparison
 from correctness.provenance import gpu_type
-from correctness.results import FAIL, SKIP, CaseResult, LeverRecord, over_bound
+from correctness.results import FAIL, FORMAT_LIMITED, SKIP, CaseResult, LeverRecord, over_bound
 
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 
@@ -39,6 +39,12 @@ def and_list(items: Iterable[str]) -> str:
     """a, b and c."""
     items = list(items)
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def format_limited_sentence(format_name: str) -> str:
+    """How a format-limited result is worded everywhere (entries, verdict tables, recipe verdicts)."""
+    return (f"as accurate as {format_name} allows; no {format_name} implementation meets the rule;"
+            " evidence: a convergence run")
 
 
 def ratio_range(ratios: Iterable[float]) -> str:
@@ -137,10 +143,36 @@ def skipped_sentence(record: LeverRecord) -> str:
     return "; ".join(f"{count(n)} {'case' if n == 1 else 'cases'} skipped: {reason}" for reason, n in reasons.items())
 
 
+def format_sentence(record: LeverRecord) -> str:
+    """For a record with format-limited cases: what its format allows, the candidate against that
+    floor, and the controls against the same bound; empty otherwise."""
+    limited = [case for case in record.ran_cases() if case.status == FORMAT_LIMITED and case.format is not None]
+    if not limited:
+        return ""
+    name = limited[0].format.format
+    floors = [t.error for case in limited for t in case.format.floor.tensors]
+    worst = max((t for case in limited for t in case.format.candidate.tensors), key=over_bound)
+    powers = [control.power for case in limited for control in case.format.controls]
+    controls = f"; every negative control outside that bound, by {min(powers):.1f} x at the least" if powers else ""
+    return (
+        f"{format_limited_sentence(name)}: on {count(len(limited))} of {count(len(record.ran_cases()))} cases the"
+        f" candidate fails the rule, as the {name} format floor (the FP64 result through {and_list(limited[0].format.roundings)})"
+        f" does, its error {sci(min(floors))}-{sci(max(floors))}; the candidate stays within"
+        f" {record.lever['rule']['factor']:g} x the floor + {compact(record.lever['rule']['slack'])}, worst"
+        f" {worst.error_over_bound:.2f} of it ({worst.tensor}), with no bias beyond the floor's rounding{controls}"
+    )
+
+
+CPU_LABEL = "CPU"  # an entry's gpu for a CPU tier's record (correctness.classify reads it as CPU evidence)
+
+
 def gpu_label(record: LeverRecord) -> str:
+    """The entry's gpu: the recipe GPU's model, or `CPU`, or `CPU (<tier>)` for a CPU tier other than
+    the plain one, so that two CPU tiers of one lever are two entries."""
     device = record.provenance["device"]
     if device["type"] != "cuda":
-        return "CPU"
+        tier = record.lever["tier"]
+        return CPU_LABEL if tier == "cpu" else f"{CPU_LABEL} ({tier})"
     return gpu_type(device.get("name")) or device.get("name") or "unknown GPU"
 
 

@@ -78,6 +78,14 @@ def read_input(path: str | Path, label: str, error: type[CorrectnessError] = Cor
     return data
 
 
+def shown_path(path: str | Path) -> str:
+    """A path as output shows it: relative to the working directory where it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
 def folder_parts(name: object, several: bool = True) -> list[str] | None:
     """`name` (a/b/c where `several`, else one part) as path parts that stay inside the folder they
     are joined to, or None: no empty part, no `.` or `..`, not absolute, no NUL or backslash."""

@@ -113,6 +113,7 @@ def _identity(case: Case) -> dict[str, Any]:
         "shape": _shape_record(case.shape),
         "required": case.required,
         "expected_backend": case.expected_backend,
+        "recipe_runs": case.recipe_runs,
     }
 
 
@@ -143,7 +144,9 @@ def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, e
     )
 
 
-def _judgement_failures(role: str, judgement: Judgement) -> list[str]:
+def _judgement_failures(role: str, judgement: Judgement, baseline: str = "default") -> list[str]:
+    """One line per tensor outside its bound; `baseline` names what the bound is made from (the
+    default, or a format floor)."""
     failures = []
     for t in judgement.tensors:
         if t.nonfinite:
@@ -151,15 +154,15 @@ def _judgement_failures(role: str, judgement: Judgement) -> list[str]:
         elif t.error > t.bound:
             failures.append(
                 f"{role} {t.tensor}: error {t.error:.3e} > bound {t.bound:.3e}"
-                f" (default error {t.default_error:.3e}); worst element at {list(t.worst.index)}:"
-                f" {role} {t.worst.judged:.6g}, default {t.worst.default:.6g}, reference {t.worst.reference:.6g}"
+                f" ({baseline} error {t.default_error:.3e}); worst element at {list(t.worst.index)}:"
+                f" {role} {t.worst.judged:.6g}, {baseline} {t.worst.default:.6g}, reference {t.worst.reference:.6g}"
             )
         elif t.slices is not None and t.slices.failing:
             worst = t.slices
             failures.append(
                 f"{role} {t.tensor}: {worst.failing} of {worst.count} slices ({worst.scheme}) outside their bound;"
                 f" worst {worst.worst}: error {worst.error:.3e} > bound {worst.bound:.3e}"
-                f" (default error {worst.default_error:.3e}), {worst.error_over_bound:.2f} x"
+                f" ({baseline} error {worst.default_error:.3e}), {worst.error_over_bound:.2f} x"
             )
     return failures
 
@@ -193,7 +196,7 @@ def systematic_tensors(candidate: Judgement, secondary: Iterable[Judgement]) -> 
     )
 
 
-def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...]) -> list[str]:
+def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...], baseline: str = "default") -> list[str]:
     failures = []
     for t in candidate.tensors:
         if t.tensor not in flagged:
@@ -205,8 +208,8 @@ def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...]) -> list
             where, figures = f"slice {t.slices.systematic_worst} ({t.slices.systematic_flagged} flagged)", t.slices.systematic
         failures.append(
             f"candidate {t.tensor}: systematic error ({where}): slope {figures.slope:+.2e} (threshold"
-            f" {figures.slope_threshold:.2e}, default {figures.default_slope:+.2e}), offset {figures.offset:+.2e}"
-            f" (threshold {figures.offset_threshold:.2e}, default {figures.default_offset:+.2e})"
+            f" {figures.slope_threshold:.2e}, {baseline} {figures.default_slope:+.2e}), offset {figures.offset:+.2e}"
+            f" (threshold {figures.offset_threshold:.2e}, {baseline} {figures.default_offset:+.2e})"
         )
     return failures
 
@@ -249,13 +252,14 @@ def _format_result(
         if floor_passes:
             findings.append(f"the {format_name} format floor passes the rule on {', '.join(floor_passes)}, where the"
                             f" candidate fails it: a {format_name} implementation can meet the rule there")
-        role = f"candidate against the {format_name} floor"
-        findings += [f"{line} (worse than {format_name} allows)" for line in _judgement_failures(role, against_floor)]
+        role, baseline = f"candidate against the {format_name} floor", "floor"
+        findings += [f"{line} (worse than {format_name} allows)"
+                     for line in _judgement_failures(role, against_floor, baseline)]
         if repeat_against_floor is not None:
             findings += [f"{line} (worse than {format_name} allows)"
-                         for line in _judgement_failures(f"{role} (repeat)", repeat_against_floor)]
+                         for line in _judgement_failures(f"{role} (repeat)", repeat_against_floor, baseline)]
         findings += [f"{line} (biased beyond the {format_name} floor's rounding)"
-                     for line in _systematic_failures(against_floor, biased)]
+                     for line in _systematic_failures(against_floor, biased, "floor")]
         findings += [
             f"negative control '{control.name}' is within the {format_name} format bound (largest error/bound"
             f" {control.power:.2f}, {control.judgement.worst.tensor}): the format bound cannot tell it from the candidate"
@@ -522,7 +526,7 @@ def _run_candidates(
         kernel_failures, same_kernel = _kernel_failures(lever, case, candidate_judgement, default.record())
         failures += kernel_failures
         flagged = systematic_tensors(candidate_judgement, secondary)
-        if strict_systematic:
+        if strict_systematic and floor_judged is None:
             failures += _systematic_failures(candidate_judgement, flagged)
         format_result = None
         if floor_judged is not None:
@@ -533,6 +537,10 @@ def _run_candidates(
                  for name, acc in control_formats.items()},
                 outside_rule if not failures else [],
             )
+        if strict_systematic and format_result is not None and not outside_rule:
+            # A narrower format's rounding biases what it computes (BF16 moments shrink): strict
+            # systematic checks judge a candidate with a floor against the floor's own bias.
+            failures += _systematic_failures(format_result.candidate, format_result.systematic, "floor")
         limited = bool(outside_rule) and format_result is not None and not failures and not format_result.findings
         if outside_rule and not limited:
             failures = outside_rule + failures + (list(format_result.findings) if format_result else [])

@@ -128,6 +128,9 @@ class FormatFloor:
             raise ValueError(f"format floor {self.format}: declares no roundings, so it would be the reference itself")
 
 
+RECIPE_SIDES = ("candidate", "default", "neither")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """One seeded set of inputs at one shape. `make_inputs(device)` builds them when the case runs
@@ -148,6 +151,15 @@ class Case:
     skip_reason: str | None = None
     required: bool = True
     expected_backend: str | None = None
+    # Which of the case's paths the recipe itself runs: "candidate" (what the lever judges is the
+    # recipe's own change), "default" (the recipe runs the lever's reference side, e.g. it reduces
+    # in FP32 where the lever judges BF16), or "neither" (the case is about another setting of the
+    # flag than the recipe's). A recipe's verdict (correctness.recipe_verdict) reads it.
+    recipe_runs: str = "candidate"
+
+    def __post_init__(self):
+        if self.recipe_runs not in RECIPE_SIDES:
+            raise ValueError(f"case {self.id}: recipe_runs must be one of {', '.join(RECIPE_SIDES)}, not {self.recipe_runs!r}")
 
 
 class NotApplicable(ValueError):
@@ -251,3 +263,23 @@ class Lever:
     def record_id(self) -> str:
         """Names this lever run's record: lever, tier and the candidate path."""
         return f"{self.name}--{self.tier.name}--{self.candidate.name}"
+
+
+def _always(case: Case) -> bool:
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class WrongImplementation:
+    """A realistic wrong implementation of a lever's candidate, to show what its evidence catches
+    (correctness.wrong_implementations gathers them): built from the lever's honest path; `changes`
+    says whether the mistake changes the computation on a case, `caught_on` where the suite claims
+    to catch it: there the case must fail, or, for a scale error (`expected` "systematic"), be
+    flagged systematic."""
+
+    name: str
+    lever: str  # the lever whose CPU tier judges it
+    build: Callable[[Implementation], Implementation]  # from the lever's honest path
+    changes: Callable[[Case], bool] = _always
+    caught_on: Callable[[Case], bool] = _always
+    expected: str = "fail"  # or "systematic": flagged by the diagnostic (a failure with --strict-systematic)

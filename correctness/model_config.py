@@ -10,7 +10,8 @@ another, a layer type or architecture the table does not know: ModelFactsError, 
 field, never a guess.
 
 The model's name is the folder holding the config.json (fixtures/configs/Llama-3.1-8B/config.json:
-"Llama-3.1-8B"), which a recipe's `model:` must match.
+"Llama-3.1-8B"), which a recipe's `model:` must match as `same_model` compares names: without
+regard to case, with `_`, `-` and `.` alike (a folder `llama_3.1_8b` holds Llama-3.1-8B's config).
 """
 
 import copy
@@ -66,10 +67,23 @@ def read_config(path: str | Path) -> ConfigFile:
     return ConfigFile(path=path, name=name, data=data, sha256=hashlib.sha256(raw).hexdigest())
 
 
+def name_key(name: str) -> str:
+    """A model's or GPU's name as the suite compares it: lower case, with `_`, `-` and `.` alike (all
+    `-`), so that Qwen3_32B, qwen3.32b and QWEN3-32B all name Qwen3-32B."""
+    return re.sub(r"[-_.]", "-", name.lower())
+
+
+def same_model(name: str, other: str) -> bool:
+    """Whether two model names are one model's, as users write it (name_key)."""
+    return name_key(name) == name_key(other)
+
+
 def short_name(name: str) -> str:
     """For case ids: lower case, a word joined to the version number after it ("Gemma-4-31B" ->
-    "gemma4-31b", "Llama-3.1-8B" -> "llama3.1-8b"; a size such as 120b stays apart)."""
-    return re.sub(r"([a-z])-(\d+(?:\.\d+)*)(?=-|$)", r"\1\2", name.lower())
+    "gemma4-31b", "Llama-3.1-8B" -> "llama3.1-8b"; a size such as 120b stays apart). Any of `_`, `-`
+    and `.` is joined over, so that names same_model matches give short names it matches too (the
+    attention capture's model is checked so)."""
+    return re.sub(r"([a-z])[-_.](\d+(?:\.\d+)*)(?=[-_.]|$)", r"\1\2", name.lower())
 
 
 @cache

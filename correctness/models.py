@@ -4,18 +4,21 @@ Read from a facts file (fixtures/models/<name>.yaml, or one `correctness model-f
 from the model's Hugging Face config.json (correctness.model_config). `facts_for(recipe_model,
 given)` is what a lever uses: the facts given on the command line (--model-config), which must be
 for the recipe's model, else the suite's own: fixtures/models/<name>.yaml, then
-fixtures/configs/<Name>/config.json.
+fixtures/configs/<Name>/config.json. Every model name is compared by
+correctness.model_config.same_model: without regard to case, with `_`, `-` and `.` alike.
 """
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from correctness.errors import RecipeError
 from correctness.fixtures import CONFIGS_DIR, MODELS_DIR
-from correctness.recipes import dotted_field
+from correctness.model_config import config_file, facts_from_config, same_model
+from correctness.recipes import dotted_field, load_yaml, read_yaml_input
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,19 +107,22 @@ class ModelFacts:
         )
 
 
-def model_file(model_name: str) -> Path:
-    """fixtures/models/<name>.yaml for a recipe's `model:` ("Gemma-4-31B" -> gemma-4-31b.yaml)."""
-    return MODELS_DIR / f"{model_name.lower()}.yaml"
+def _named(model_name: str, named_paths: Iterable[tuple[str, Path]]) -> Path | None:
+    """The first path whose name is the model's (same_model)."""
+    return next((path for name, path in named_paths if same_model(name, model_name)), None)
+
+
+def model_file(model_name: str) -> Path | None:
+    """fixtures/models/<name>.yaml of a recipe's `model:` (Gemma-4-31B: gemma-4-31b.yaml)."""
+    return _named(model_name, ((path.stem, path) for path in sorted(MODELS_DIR.glob("*.yaml"))))
 
 
 def fixture_config(model_name: str) -> Path | None:
-    """fixtures/configs/<Name>/config.json of a model, its folder matched without regard to case."""
+    """fixtures/configs/<Name>/config.json of a model."""
     if not CONFIGS_DIR.is_dir():
         return None
-    for folder in sorted(CONFIGS_DIR.iterdir()):
-        if folder.name.lower() == model_name.lower() and (folder / "config.json").is_file():
-            return folder / "config.json"
-    return None
+    folders = sorted(folder for folder in CONFIGS_DIR.iterdir() if (folder / "config.json").is_file())
+    return _named(model_name, ((folder.name, folder / "config.json") for folder in folders))
 
 
 def _facts(data: Any, label: str, source: Path, raw: bytes) -> ModelFacts:
@@ -140,9 +146,6 @@ def load_facts(path: str | Path) -> ModelFacts:
     """The model facts in a file: a Hugging Face config.json (or a folder holding one), made into
     facts by correctness.model_config, or a facts YAML file. RecipeError in one line where it is
     missing or malformed."""
-    from correctness.model_config import config_file, facts_from_config
-    from correctness.recipes import load_yaml, read_yaml_input
-
     path = Path(path)
     if path.is_dir() or path.suffix == ".json":
         source = config_file(path)
@@ -157,18 +160,14 @@ def load_facts(path: str | Path) -> ModelFacts:
 def load_model(model_name: str) -> ModelFacts:
     """The suite's own facts of a recipe's `model:`: fixtures/models/<name>.yaml, else made from
     fixtures/configs/<Name>/config.json; RecipeError (one line) where it has neither."""
-    path = model_file(model_name)
-    if path.is_file():
-        facts = load_facts(path)
-    else:
-        config = fixture_config(model_name)
-        if config is None:
-            raise RecipeError(f"model {model_name}: the suite has no model facts for it (no {path.name} in"
-                              f" {_shown(MODELS_DIR)}, no config in {_shown(CONFIGS_DIR)}); give its Hugging Face"
-                              " config with --model-config path/to/config.json")
-        facts = load_facts(config)
-    if facts.name != model_name:
-        raise RecipeError(f"model facts {facts.source}: its name field does not read {model_name!r}")
+    source = model_file(model_name) or fixture_config(model_name)
+    if source is None:
+        raise RecipeError(f"model {model_name}: the suite has no model facts for it (no {model_name.lower()}.yaml in"
+                          f" {_shown(MODELS_DIR)}, no config in {_shown(CONFIGS_DIR)}); give its Hugging Face"
+                          " config with --model-config path/to/config.json")
+    facts = load_facts(source)
+    if not same_model(facts.name, model_name):
+        raise RecipeError(f"model facts {facts.source}: its name field reads {facts.name!r}, not {model_name!r}")
     return facts
 
 
@@ -177,7 +176,7 @@ def facts_for(recipe_model: str, given: ModelFacts | None = None) -> ModelFacts:
     the recipe's model, else the suite's own (load_model)."""
     if given is None:
         return load_model(recipe_model)
-    if given.name.lower() != recipe_model.lower():
+    if not same_model(given.name, recipe_model):
         raise RecipeError(f"model facts {given.source} are for {given.name}, but the recipe is for {recipe_model}"
                           " (a config's model is the name of the folder holding its config.json)")
     return given

@@ -3,14 +3,17 @@
 Load it from a conftest.py with `pytest_plugins = ("correctness.pytest_plugin",)`. A test module
 then declares, per test, which levers it runs:
 
-    @pytest.mark.levers(factory=partial(attention.cpu_tier, RECIPE))
+    @pytest.mark.levers(factory=partial(attention.cpu_tier, RECIPE), lever=attention.NAME)
     def test_attention_backend_cpu(lever, case, lever_check):
         lever_check(lever, case)
 
-`levers(factory=...)` (a keyword: pytest would take a lone positional function for the decorated
-test) calls factory(LeverOptions) at collection and parametrises (lever, case) over
+`levers(factory=..., lever=NAME)` (keywords: pytest would take a lone positional function for the
+decorated test) calls factory(LeverOptions) at collection and parametrises (lever, case) over
 every case of every lever returned, each marked with its lever's tier markers (correctness.tiers),
-so that `pytest -m h100` selects the H100 tier's cases. Each lever's cases are gathered into one JSON
+so that `pytest -m h100` selects the H100 tier's cases. The optional `lever` names the lever(s) the
+factory builds (a name or a tuple of names; a lever of another name is refused), so that `--levers`
+selects the test, and `correctness run` names its lever, even where the lever does not apply to
+the recipe and the test only skips (the suite's own component tests all declare it). Each lever's cases are gathered into one JSON
 record per run, written under --results-dir, and a verdict table per lever is printed at the end.
 
 Hardware markers, a tier's or a test's own, skip (never fail) where the machine lacks what they name:
@@ -21,7 +24,6 @@ usable megatron-core).
 import datetime
 import hashlib
 import os
-import re
 import shutil
 import time
 import uuid
@@ -36,7 +38,7 @@ from correctness.harness import build_record, run_case
 from correctness.lever import Case, Lever, LeverOptions, NotApplicable
 from correctness.models import load_facts
 from correctness.provenance import gpu_type
-from correctness.report import case_report, verdict_table
+from correctness.report import case_report, fit_lines, verdict_table
 from correctness.recipes import load_recipe
 from correctness.results import CaseResult, LeverRecord, merge_records, read_record, record_to_json, write_record
 from correctness.tiers import GPU_MARKERS, cuda_only_markers
@@ -44,7 +46,8 @@ from correctness.tiers import GPU_MARKERS, cuda_only_markers
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
 MARKERS = {
-    "levers(factory=...)": "parametrise (lever, case) over the levers factory(LeverOptions) returns",
+    "levers(factory=..., lever=NAME)": "parametrise (lever, case) over the levers factory(LeverOptions) returns"
+    " (lever, optional: the name or names of those levers)",
     "gpu": "needs a CUDA GPU; skips without one",
     **{marker: f"needs an NVIDIA {gpu} (the recipe's GPU); skips elsewhere" for marker, gpu in GPU_MARKERS.items()},
     "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
@@ -78,13 +81,35 @@ def pytest_addoption(parser):
         help="fail a case whose candidate the systematic-error diagnostic flags (by default it is reported only)",
     )
     group.addoption(
+        "--wide",
+        action="store_true",
+        default=False,
+        help="print the verdict tables with every figure, however wide (by default they fit in 120 columns)",
+    )
+    group.addoption(
+        "--reference",
+        default=None,
+        help="the reference recipe (or its run script) --recipe is judged against (default: fixtures/references/<id>.yaml"
+        " where it exists, else Megatron's defaults)",
+    )
+    group.addoption(
+        "--levers",
+        default=None,
+        metavar="NAMES",
+        help="run only these levers' component tests (comma-separated lever names, as `correctness levers` lists them)",
+    )
+    group.addoption(
         "--model-checkpoint",
         default=None,
         help=f"the model's Hugging Face checkpoint folder, for checkpoint weights (or set {MODEL_CHECKPOINT_ENV})",
     )
 
 
+_CONFIG: list = []  # the session's config, for hooks that get none (pytest_runtest_logreport)
+
+
 def pytest_configure(config):
+    _CONFIG[:] = [config]
     for marker, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {meaning}")
     config.stash[_RUNS] = {}
@@ -150,14 +175,34 @@ def _levers(factory, options: LeverOptions) -> tuple[list[Lever], str | None]:
     return list(unique.values()), None
 
 
+def declared_levers(node) -> tuple[str, ...]:
+    """The lever names a component test's `levers` marker declares (empty for another test)."""
+    marker = node.get_closest_marker("levers")
+    names = marker.kwargs.get("lever", ()) if marker is not None else ()
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def item_levers(item) -> tuple[str, ...]:
+    """The lever a collected component test runs, or, where its lever does not apply to the recipe
+    (it only skips), the levers its marker declares."""
+    lever = item.callspec.params.get("lever") if hasattr(item, "callspec") else None
+    return (lever.name,) if lever is not None else declared_levers(item)
+
+
 def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("levers")
     if marker is None:
         return
-    if marker.args or set(marker.kwargs) != {"factory"}:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: write the marker as levers(factory=...)")
+    if marker.args or "factory" not in marker.kwargs or set(marker.kwargs) - {"factory", "lever"}:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: write the marker as levers(factory=...)"
+                                " or levers(factory=..., lever=NAME)")
     options = lever_options(metafunc.config)
     levers, not_applicable = _levers(marker.kwargs["factory"], options)
+    declared = declared_levers(metafunc.definition)
+    stray = sorted({lever.name for lever in levers} - set(declared)) if declared else []
+    if stray:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: its factory builds {', '.join(stray)}, which its marker"
+                                f" does not declare ({', '.join(declared_levers(metafunc.definition))})")
     if not_applicable is not None:
         metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=pytest.mark.skip(reason=not_applicable))],
                              ids=["not-applicable"])
@@ -169,6 +214,33 @@ def pytest_generate_tests(metafunc):
         )
         for lever in levers for case in lever.cases
     ])
+
+
+def selected_levers(config) -> set[str] | None:
+    """The lever names --levers gives (None: every lever), each one a lever of this suite."""
+    given = config.getoption("levers")
+    if given is None:
+        return None
+    from correctness.registry import KNOWN_LEVERS
+
+    names = {name.strip() for name in given.split(",") if name.strip()}
+    unknown = sorted(names - set(KNOWN_LEVERS))
+    if unknown or not names:
+        raise pytest.UsageError(f"--levers {given}: {'no lever named' if not unknown else 'unknown lever ' + ', '.join(unknown)};"
+                                f" the levers are {', '.join(KNOWN_LEVERS)}")
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = selected_levers(config)
+    if wanted is None:
+        return
+    kept, dropped = [], []
+    for item in items:
+        (kept if set(item_levers(item)) & wanted or not declared_levers(item) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def _missing_hardware(item) -> str | None:
@@ -195,10 +267,27 @@ def _missing_hardware(item) -> str | None:
     return None
 
 
+LEVERS_PROPERTY = "correctness_levers"  # a report's user property: the levers of its test (it crosses xdist)
+
+
 def pytest_runtest_setup(item):
+    if declared_levers(item) or item_levers(item):
+        item.user_properties.append((LEVERS_PROPERTY, item_levers(item)))
     reason = _missing_hardware(item)
     if reason:
         pytest.skip(reason)
+
+
+def pytest_runtest_logreport(report):
+    """Keep why each lever's tests skipped: a needed lever of which no record is written is judged
+    `not run`, with these reasons (correctness.recipe_verdict)."""
+    if not report.skipped or report.when not in ("setup", "call"):
+        return
+    levers = dict(report.user_properties).get(LEVERS_PROPERTY, ())
+    reason = report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    skips = _CONFIG[0].stash.setdefault(_SKIPS, {}) if _CONFIG else {}
+    for lever in levers:
+        skips.setdefault(lever, []).append(reason)
 
 
 @dataclass
@@ -213,38 +302,18 @@ _RUNS = pytest.StashKey[dict]()  # one _LeverRun per recipe and lever record (_r
 _OPTIONS = pytest.StashKey[LeverOptions]()
 _WRITTEN = pytest.StashKey[list]()
 _RUN_TOKEN = pytest.StashKey[str]()
+_SKIPS = pytest.StashKey[dict]()  # lever -> why its tests skipped
 PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
-
-
-# A failure that is the candidate's own: a tensor (or its slices) outside the bound, or, under
-# --strict-systematic, flagged systematic. Any other failure (a control that passes, the default's
-# repeat outside the bound, NaN, a broken invariant, an error) is never expected.
-CANDIDATE_OUTSIDE = re.compile(
-    r"candidate( \(repeat\))? (?P<tensor>\S+): (error \S+ > bound|\d+ of \d+ slices|systematic error)"
-)
-
-
-def candidate_tensors_outside(result: CaseResult) -> list[str] | None:
-    """The candidate's tensors outside the rule, where every failure of the case is one of them;
-    else None."""
-    matches = [CANDIDATE_OUTSIDE.match(failure) for failure in result.failures]
-    if not matches or not all(matches):
-        return None
-    return list(dict.fromkeys(match["tensor"] for match in matches))
 
 
 @pytest.fixture
 def lever_check(request):
-    """lever_check(lever, case, expected_failure=None): run the case, keep its result for the
-    lever's record, and fail with the full report (or skip with the reason) as the case decides.
-
-    `expected_failure`: where the lever's true verdict is a fail that says nothing against the
-    recipe (BF16 reduction judged for a recipe that reduces in FP32), the reason; a case that
-    fails only by the candidate's tensors outside the rule is then marked xfail with it (the record
-    keeps `fail`). Any other failure still fails the test."""
+    """lever_check(lever, case): run the case, keep its result for the lever's record, and fail
+    with the full report (or skip with the reason) as the case decides. A format-limited case (its
+    candidate fails the rule only as its narrower format must) passes; its record says so."""
     runs = request.config.stash[_RUNS]
 
-    def check(lever: Lever, case: Case, expected_failure: str | None = None) -> CaseResult:
+    def check(lever: Lever, case: Case) -> CaseResult:
         run = runs.setdefault(
             _run_key(lever.recipe.id, lever.record_id),
             _LeverRun(lever=lever, started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
@@ -256,11 +325,6 @@ def lever_check(request):
         if result.status == "skip":
             pytest.skip(result.skip_reason)
         if result.status == "fail":
-            outside = candidate_tensors_outside(result) if expected_failure else None
-            if outside:
-                shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
-                pytest.xfail(f"candidate outside the rule on {len(outside)} tensors ({shown}; record verdict: fail):"
-                             f" {expected_failure}")
             pytest.fail(case_report(lever.name, result), pytrace=False)
         return result
 
@@ -311,13 +375,73 @@ def written_records(config) -> list[tuple[dict, Path]]:
     return list(config.stash.get(_WRITTEN, []))
 
 
+def skip_reasons(config) -> dict[str, list[str]]:
+    """Lever -> why its tests skipped in this session."""
+    return dict(config.stash.get(_SKIPS, {}))
+
+
+def recipe_verdicts(config) -> list:
+    """Each recipe's verdict (correctness.recipe_verdict) from this session's records of it: the
+    user's recipe under --recipe (against --reference where given), else each fixture recipe run."""
+    from correctness.classify import reference_path
+    from correctness.fixtures import recipe_path
+    from correctness.recipe_verdict import judge_recipe, recipe_changes
+
+    records = [LeverRecord.from_json(record) for record, _ in config.stash.get(_WRITTEN, [])]
+    options = lever_options(config)
+    verdicts = []
+    for recipe_id in dict.fromkeys(record.recipe.id for record in records):
+        if options.recipe is not None and options.recipe.id == recipe_id:
+            recipe, reference = options.recipe, config.getoption("reference")
+        elif not recipe_path(recipe_id).is_file():
+            continue  # a lever of another project's recipe (the plugin outside this suite): no verdict here
+        else:
+            recipe, reference = load_recipe(recipe_path(recipe_id)), None
+            if not reference_path(recipe).is_file():
+                continue  # an example recipe, run for its levers' sake: see fixture_recipes_without_verdict
+        verdicts.append((recipe, judge_recipe(recipe, recipe_changes(recipe, reference), records, skip_reasons(config))))
+    return verdicts
+
+
+def fixture_recipes_without_verdict(config) -> list[str]:
+    """The fixture recipes this session ran levers at that have no reference recipe: example
+    recipes the component tests run some levers at, whose own verdict `correctness run` gives."""
+    if lever_options(config).recipe is not None:
+        return []
+    from correctness.classify import reference_path
+    from correctness.fixtures import recipe_path
+
+    ids = dict.fromkeys(record["recipe"]["id"] for record, _ in config.stash.get(_WRITTEN, []))
+    return [recipe_id for recipe_id in ids if recipe_path(recipe_id).is_file()
+            and not reference_path(load_recipe(recipe_path(recipe_id))).is_file()]
+
+
 def pytest_terminal_summary(terminalreporter, config):
     written = config.stash.get(_WRITTEN, [])
     if not written:
         return
+    from correctness.recipe_verdict import verdict_lines
+
+    wide = config.getoption("wide")
+    fit = (lambda lines: lines) if wide else fit_lines
+    try:
+        verdicts = recipe_verdicts(config)
+        if verdicts:
+            terminalreporter.section("recipe verdicts")
+        for recipe, verdict in verdicts:
+            for line in fit(verdict_lines(verdict, recipe.gpu)):
+                terminalreporter.write_line(line)
+            terminalreporter.write_line("")
+        examples = fixture_recipes_without_verdict(config)
+        if examples:
+            for line in fit([f"example recipes without a reference recipe, run for their levers only (their own verdict:"
+                             f" `correctness run RECIPE`): {', '.join(examples)}", ""]):
+                terminalreporter.write_line(line)
+    except CorrectnessError as error:
+        terminalreporter.write_line(f"no recipe verdict: {error}")
     terminalreporter.section("lever verdicts")
     for record, path in written:
-        for line in verdict_table(LeverRecord.from_json(record)):
+        for line in verdict_table(LeverRecord.from_json(record), wide=wide):
             terminalreporter.write_line(line)
-        terminalreporter.write_line(f"  record: {path}")
+        terminalreporter.write_line(f"  record: {path}")  # whole, however long: a path to copy
         terminalreporter.write_line("")

@@ -29,8 +29,8 @@ import yaml
 
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import YAML_LIMIT, folder_parts, read_input, replace_file, write_target
-from correctness.fixtures import RECIPES_DIR
 from correctness.lever import RecipeRef
+from correctness.model_config import name_key
 
 
 def dotted_field(data: Any, dotted: str, owner: str) -> Any:
@@ -354,25 +354,50 @@ def load_yaml(raw: bytes, label: str, error: type[CorrectnessError] = RecipeErro
         loader.dispose()
 
 
+ID_FIELDS = ("model", "gpu.type")  # the fields a recipe's id is built from, with its file name
+
+
+def _id_name(data: dict[str, Any], field: str, path: Path) -> str:
+    try:
+        value = dotted_field(data, field, f"recipe {path}")
+    except RecipeError as missing:
+        raise RecipeError(f"{missing}, which its id (<model>/<gpu>/<file name>) is built from") from None
+    if not isinstance(value, str):
+        raise RecipeError(f"recipe {path}: field {field} must be a name, got {value!r}")
+    return value
+
+
+def recipe_id_of(path: Path, data: dict[str, Any]) -> str:
+    """A recipe's id, `<model>/<gpu>/<name>` (<name>: the file's name without .yaml), which names its
+    results folder (results/<id>/) and its fixtures (fixtures/claims/<id>.yaml,
+    fixtures/references/<id>.yaml).
+
+    A recipe in a `recipes/<model>/<gpu>/` folder whose names are its `model:` and `gpu.type`
+    (compared by name_key: the fixtures' tree, an OpenRecipes checkout) takes those folders' names.
+    Any other, a file in another model's or GPU's folder included, takes name_key of the two fields
+    (`model: Qwen3_32B` on an H100 in my-recipe.yaml: qwen3-32b/h100/my-recipe), so that it never
+    takes another model's results folder, claims or references. RecipeError in one line where a
+    field is missing or a part cannot name a folder (`...yaml` gives `..`)."""
+    fields = tuple(name_key(_id_name(data, field, path)) for field in ID_FIELDS)
+    resolved = path.resolve()
+    tree_folder, model_folder, gpu_folder = (("",) * 3 + resolved.parts[:-1])[-3:]
+    in_tree = tree_folder == "recipes" and (name_key(model_folder), name_key(gpu_folder)) == fields
+    parts = (model_folder, gpu_folder, resolved.stem) if in_tree else (*fields, path.stem)
+    unsafe = [what for what, part in zip((*ID_FIELDS, "file name"), parts) if folder_parts(part, several=False) is None]
+    if unsafe:
+        raise RecipeError(f"recipe {path}: its {' and '.join(unsafe)} cannot name a results folder (its id would be"
+                          f" {'/'.join(parts)!r})")
+    return "/".join(parts)
+
+
 def load_recipe(path: str | Path) -> Recipe:
-    """Read a recipe file. Its id is its path below fixtures/recipes (without .yaml) when it lies
-    there, else its file name without .yaml; it names the recipe's results folder, so a name that
-    would lead elsewhere (`...yaml` gives `..`) is refused."""
+    """Read a recipe file; its id is recipe_id_of's (`<model>/<gpu>/<name>`)."""
     path = Path(path)
     raw = read_yaml_input(path, f"recipe {path}")
     data = load_yaml(raw, f"recipe {path}")
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path}: expected a mapping at the top level")
-    resolved = path.resolve()
-    recipe_id = (
-        str(resolved.relative_to(RECIPES_DIR).with_suffix(""))
-        if resolved.is_relative_to(RECIPES_DIR)
-        else path.stem
-    )
-    if folder_parts(recipe_id) is None:
-        raise RecipeError(f"recipe {path}: its file name gives the id {recipe_id!r}, which cannot name a results"
-                          " folder; rename the file")
-    return Recipe(id=recipe_id, path=path, data=data, sha256=hashlib.sha256(raw).hexdigest())
+    return Recipe(id=recipe_id_of(path, data), path=path, data=data, sha256=hashlib.sha256(raw).hexdigest())
 
 
 def lever_recipe(recipe_id: str, stand_in: Recipe | None = None) -> Recipe:

@@ -2,8 +2,8 @@
 for a recipe's correctness.component_tests are worded (levers defined elsewhere get the generic
 wording of correctness.entries)."""
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from correctness.adam_precision import lever as adam_precision
@@ -13,6 +13,7 @@ from correctness.attention import packing
 from correctness.attention import softmax_precision
 from correctness.cross_entropy import lever as cross_entropy
 from correctness.determinism import lever as determinism
+from correctness.evidence import BOOKKEEPING, GPU_ONLY, STAND_IN, UPSTREAM, Evidence, HeldEqual
 from correctness.fp8 import lever as fp8
 from correctness.grad_accumulation import lever as grad_accumulation
 from correctness.loss import packing as packed_loss
@@ -36,33 +37,117 @@ class KnownLever:
     # The tiers its component tests run in (correctness.tiers names; RECIPE_GPU for the recipe GPU's
     # own); a test holds them equal to what the component tests build.
     tiers: tuple[str, ...]
+    # The strongest evidence its tiers give without a GPU record (correctness.evidence), and where an
+    # argument of it has other evidence (a flag no CPU tier reaches), that argument's.
+    evidence: Evidence
+    argument_evidence: Mapping[str, Evidence] = field(default_factory=dict)
     # entry_text(record) -> {shape, detail, note}; None: the generic wording
     entry_text: Callable[[Any], dict[str, str]] | None = None
 
 
+EAGER_HELD_TO_MEGATRON = HeldEqual(
+    test="tests/test_softmax_precision_lever.py::test_fp32_softmax_is_bitwise_the_eager_unfused_path",
+    upstream="Megatron's DotProductAttention with its FP32 softmax (bitwise)", needs_gpu=False)
+ROPE_HELD_TO_TE = HeldEqual(test="tests/test_rope_lever.py::test_fused_arithmetic_stands_in_for_tes_kernel",
+                            upstream="TE's FusedRoPEFunc", needs_gpu=True)
+
 KNOWN_LEVERS = {
     lever.name: lever
     for lever in (
-        KnownLever(name=attention.NAME, version=attention.VERSION, tiers=("cpu", "gpu", RECIPE_GPU),
-                   entry_text=attention_entry.entry_text),
-        KnownLever(name=offload.NAME, version=offload.VERSION, tiers=("cpu", "megatron-cpu", "megatron", RECIPE_GPU),
-                   entry_text=offload_entry.entry_text),
-        KnownLever(name=packing.NAME, version=packing.VERSION, tiers=("cpu", "gpu", RECIPE_GPU)),
-        KnownLever(name=packed_loss.NAME, version=packed_loss.VERSION, tiers=("cpu", "gpu")),
-        KnownLever(name=softmax_precision.NAME, version=softmax_precision.VERSION, tiers=("megatron-cpu", "gpu")),
-        KnownLever(name=reduction.NAME, version=reduction.VERSION, tiers=("cpu", "gpu")),
-        KnownLever(name=cross_entropy.NAME, version=cross_entropy.VERSION,
-                   tiers=("megatron-cpu", "megatron", RECIPE_GPU)),
-        KnownLever(name=determinism.NAME, version=determinism.VERSION, tiers=("cpu", "gpu", RECIPE_GPU)),
-        KnownLever(name=swiglu.NAME, version=swiglu.VERSION, tiers=("megatron-cpu", "megatron")),
-        KnownLever(name=router.NAME, version=router.VERSION, tiers=("megatron-cpu", "megatron")),
-        KnownLever(name=grouped_gemm.NAME, version=grouped_gemm.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
-        KnownLever(name=permute.EXACT_NAME, version=permute.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
-        KnownLever(name=permute.SUMS_NAME, version=permute.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
-        KnownLever(name=rope.NAME, version=rope.VERSION, tiers=("megatron-cpu", RECIPE_GPU)),
-        KnownLever(name=fp8.NAME, version=fp8.VERSION, tiers=("cpu", RECIPE_GPU)),
-        KnownLever(name=adam_precision.NAME, version=adam_precision.VERSION, tiers=("cpu", RECIPE_GPU)),
-        KnownLever(name=grad_accumulation.NAME, version=grad_accumulation.VERSION, tiers=("megatron-cpu", "megatron")),
+        KnownLever(
+            name=attention.NAME, version=attention.VERSION, tiers=("cpu", "gpu", RECIPE_GPU),
+            evidence=Evidence(klass=UPSTREAM, tier="cpu", held_equal_by=EAGER_HELD_TO_MEGATRON,
+                              what="torch SDPA's flash CPU kernel (not TE's cuDNN or flash) against this project's"
+                                   " eager unfused attention, which reproduces TE's unfused numerics"),
+            entry_text=attention_entry.entry_text),
+        KnownLever(
+            name=offload.NAME, version=offload.VERSION, tiers=("cpu", "megatron-cpu", "megatron", RECIPE_GPU),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                              what="Megatron's own HybridDeviceOptimizer splits and steps both shares: torch AdamW on"
+                                   " the CPU share, a stand-in of TE FusedAdam's FP32 arithmetic on the GPU share"),
+            entry_text=offload_entry.entry_text),
+        KnownLever(
+            name=packing.NAME, version=packing.VERSION, tiers=("cpu", "gpu", RECIPE_GPU),
+            evidence=Evidence(klass=UPSTREAM, tier="cpu",
+                              what="torch SDPA's flash CPU kernel over packed rows against the same kernel row by row"
+                                   " (the eager path, also run, is bitwise its rows)")),
+        KnownLever(
+            name=packed_loss.NAME, version=packed_loss.VERSION, tiers=("cpu", "gpu"),
+            evidence=Evidence(klass=STAND_IN, tier="cpu",
+                              what="this project's per-token loss sum (torch's FP32 cross entropy, masked, summed) over"
+                                   " packed rows against row by row; not the training loop's own loss code")),
+        KnownLever(
+            name=softmax_precision.NAME, version=softmax_precision.VERSION, tiers=("megatron-cpu", "gpu"),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu", gpu_description="softmax in BF16 against",
+                              what="Megatron's DotProductAttention with its softmax in BF16 against FP32"
+                                   " (FusedScaleMaskSoftmax's torch path)"),
+            argument_evidence={"--no-masked-softmax-fusion": Evidence(
+                klass=GPU_ONLY, tier="gpu", gpu_description="fused masked-softmax kernel",
+                what="Megatron's fused masked-softmax kernel is CUDA only: the CPU tier runs fusion off on both"
+                     " sides")}),
+        KnownLever(
+            name=reduction.NAME, version=reduction.VERSION, tiers=("cpu", "gpu"),
+            evidence=Evidence(klass=UPSTREAM, tier="cpu",
+                              what="megatron-core's own DDP gradient sync, BF16 against FP32 buffers, on 2 to 8 gloo"
+                                   " ranks")),
+        KnownLever(
+            name=cross_entropy.NAME, version=cross_entropy.VERSION, tiers=("megatron-cpu", "megatron", RECIPE_GPU),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                              what="Megatron's native fused vocab-parallel cross entropy against its unfused one on"
+                                   " gloo ranks, TP 1 and 2"),
+            argument_evidence={"--cross-entropy-fusion-impl": Evidence(
+                klass=GPU_ONLY, tier=RECIPE_GPU, gpu_description="TE's parallel cross entropy",
+                what="its other value, te (TE's parallel cross entropy), runs only on the recipe's GPU; the CPU tier"
+                     " runs native, the default")}),
+        KnownLever(
+            name=determinism.NAME, version=determinism.VERSION, tiers=("cpu", "gpu", RECIPE_GPU),
+            evidence=Evidence(klass=BOOKKEEPING, tier="cpu",
+                              what="SDPA's flash CPU kernel and the gloo reduction are deterministic with the switches"
+                                   " off too: the switches and the repeat check run, no kernel changes")),
+        KnownLever(
+            name=swiglu.NAME, version=swiglu.VERSION, tiers=("megatron-cpu", "megatron"),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                              what="Megatron's bias_swiglu_impl compiled by inductor's CPU backend against its unfused"
+                                   " SwiGLU, in its own MLP.forward")),
+        KnownLever(
+            name=router.NAME, version=router.VERSION, tiers=("megatron-cpu", "megatron"),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                              what="Megatron's TopKRouter with its logits in BF16 against FP32")),
+        KnownLever(
+            name=grouped_gemm.NAME, version=grouped_gemm.VERSION, tiers=("megatron-cpu", RECIPE_GPU),
+            evidence=Evidence(klass=BOOKKEEPING, tier="megatron-cpu",
+                              what="torch's CPU grouped_mm is bitwise Megatron's SequentialMLP: offsets, an empty"
+                                   " expert and per-expert gradients, not TE's grouped GEMM's rounding")),
+        KnownLever(
+            name=permute.EXACT_NAME, version=permute.VERSION, tiers=("megatron-cpu", RECIPE_GPU),
+            evidence=Evidence(klass=BOOKKEEPING, tier="megatron-cpu",
+                              what="the gathers of a torch stand-in of TE's permutation against Megatron's torch"
+                                   " permute: bitwise by the lever's rule")),
+        KnownLever(
+            name=permute.SUMS_NAME, version=permute.VERSION, tiers=("megatron-cpu", RECIPE_GPU),
+            evidence=Evidence(klass=BOOKKEEPING, tier="megatron-cpu",
+                              what="the stand-in's FP32-accumulated top-k sums are bitwise Megatron's torch combine on"
+                                   " the CPU; they differ on CUDA (atomic BF16 adds)")),
+        KnownLever(
+            name=rope.NAME, version=rope.VERSION, tiers=("megatron-cpu", RECIPE_GPU),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu", held_equal_by=ROPE_HELD_TO_TE,
+                              what="Megatron's unfused apply_rotary_pos_emb against this project's stand-in of TE's"
+                                   " fused RoPE kernel's arithmetic (FP32, one rounding)")),
+        KnownLever(
+            name=fp8.NAME, version=fp8.VERSION, tiers=("cpu", RECIPE_GPU),
+            evidence=Evidence(klass=STAND_IN, tier="cpu",
+                              what="TE's four scaling recipes emulated in torch's float8 dtypes with an FP32 GEMM"
+                                   " stand-in (probed against torch._scaled_mm where the CPU takes the layout)")),
+        KnownLever(
+            name=adam_precision.NAME, version=adam_precision.VERSION, tiers=("cpu", RECIPE_GPU),
+            evidence=Evidence(klass=STAND_IN, tier="cpu",
+                              what="EmulatedFusedAdam, a CPU stand-in for TE FusedAdam's kernel and state storage,"
+                                   " checked against TE's source worked by hand")),
+        KnownLever(
+            name=grad_accumulation.NAME, version=grad_accumulation.VERSION, tiers=("megatron-cpu", "megatron"),
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                              what="Megatron's linear autograd function and DDP's hook, BF16 wgrad per microbatch,"
+                                   " against its fused branch on apex's FP32 GEMM-accumulate arithmetic")),
     )
 }
 

@@ -1,18 +1,27 @@
 """Plain-text reports: the verdict table of a lever run, and the full report of a failed case."""
 
 import math
+import textwrap
 from collections.abc import Iterable, Sequence
 
 from correctness.compare import TensorComparison
-from correctness.entries import ratio_range
-from correctness.results import SKIP, CaseResult, LeverRecord, over_bound
+from correctness.entries import format_limited_sentence, ratio_range
+from correctness.results import FORMAT_LIMITED, SKIP, CaseResult, LeverRecord, over_bound
 
 
-def format_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """Left-aligned columns, two spaces apart, the header first."""
+def format_table(header: Sequence[str], rows: Iterable[Sequence[str]], width: int | None = None) -> list[str]:
+    """Left-aligned columns, two spaces apart, the header first; with `width`, the last column cut
+    (clip) so that no line is wider."""
     rows = [list(header)] + [list(row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return lines if width is None else [clip(line, width) for line in lines]
+
+
+def clip(text: str, width: int) -> str:
+    """Text cut to `width` characters, an ellipsis marking the cut (the full text is in the record
+    and behind --wide)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _worst(tensors: Sequence[TensorComparison]) -> str:
@@ -39,9 +48,109 @@ def _control_cell(case: CaseResult, name: str) -> str:
     return "-"
 
 
-def verdict_table(record: LeverRecord) -> list[str]:
-    """One line for the lever, then a row per case. Figures are error/bound (over 1 fails): the
-    candidate's worst tensor or slice, and each negative control's (which must be over 1)."""
+TABLE_WIDTH = 120  # the widest line of a verdict table; the full figures are in the record and --wide
+LINE_WIDTH = 160  # the widest line of any other output of the suite's commands
+
+
+def fit_lines(lines: Iterable[str], width: int = LINE_WIDTH) -> list[str]:
+    """Lines wrapped at `width`, each continuation indented two more than its line."""
+    fitted = []
+    for line in lines:
+        if len(line) <= width:
+            fitted.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        fitted += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line[:width]]
+    return fitted
+
+
+def clip_middle(text: str, width: int) -> str:
+    """Text cut in the middle to `width` characters (a case id keeps its start and its seed)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _controls_cell(case: CaseResult) -> str:
+    """How the case's applicable controls did: against the format bound for a format-limited case
+    (its powers there), else against the rule: `3 fail, least 26.3`, or the ones that pass."""
+    if case.status == FORMAT_LIMITED and case.format is not None:
+        powers = [(control.power, control.fails, control.name) for control in case.format.controls]
+    else:
+        powers = [(control.power, control.fails, control.name) for control in case.controls
+                  if control.judgement is not None]
+    if not powers:
+        return "none applies"
+    passing = [name for _, fails, name in powers if not fails]
+    if passing:
+        return clip("PASSES: " + ", ".join(passing), 24)
+    least = min(power for power, _, _ in powers)
+    figure = "nan" if math.isnan(least) else f"{least:.3g}"
+    return f"{len(powers)} fail, least {figure}"
+
+
+def _format_line(record: LeverRecord) -> list[str]:
+    """For format-limited cases: where the candidate sits against the format bound."""
+    limited = [case for case in record.ran_cases() if case.status == FORMAT_LIMITED and case.format is not None]
+    if not limited:
+        return []
+    name = limited[0].format.format
+    shares = [t.error_over_bound for case in limited for t in case.format.candidate.tensors]
+    rule = record.lever["rule"]
+    return [clip(f"  format-limited ({name}), {len(limited)} case(s): candidate {min(shares):.2f}-{max(shares):.2f} of the"
+                 f" format bound ({rule['factor']:g} x floor + {rule['slack']:g}); controls: against it", TABLE_WIDTH),
+            clip(f"  {format_limited_sentence(name)}", TABLE_WIDTH)]
+
+
+def verdict_table(record: LeverRecord, wide: bool = False) -> list[str]:
+    """The lever's verdict, then each case: its id on a line of its own (cut in the middle where
+    too long), its figures beneath. Figures are error/bound (over 1 fails): the candidate's worst
+    tensor or slice, its error over the default's, and how its controls did (each must be over 1).
+    Every line is at most TABLE_WIDTH; `wide`: the full table (wide_verdict_table)."""
+    if wide:
+        return wide_verdict_table(record)
+    lever = record.lever
+    floor = lever.get("format_floor")
+    verdict = record.verdict.upper() + (f" ({floor['format']})" if record.verdict == FORMAT_LIMITED and floor else "")
+    lines = [clip(f"{lever['name']} [{lever['tier']}] · recipe {record.recipe.id} · {verdict}", TABLE_WIDTH),
+             clip(f"  {lever['candidate']} vs {lever['default']}", TABLE_WIDTH)]
+    backends = list(dict.fromkeys(case.candidate.run.backend for case in record.ran_cases()))
+    if len(backends) == 1:
+        lines.append(clip(f"  candidate ran: {backends[0]}", TABLE_WIDTH))
+    header = ["case / result", "err/bound", "err/default", "systematic", "repeat", "default", "controls"]
+    rows: list[list[str]] = []
+    skipped: dict[str, int] = {}
+    errors = []
+    for case in record.cases:
+        rows.append([clip_middle(case.case_id, TABLE_WIDTH - 4)])
+        if case.candidate is None:
+            rows.append(["  " + (case.status if case.required else f"{case.status} (optional)")])
+            if case.status == SKIP:
+                skipped[case.skip_reason or ""] = skipped.get(case.skip_reason or "", 0) + 1
+            else:
+                errors.append(clip(f"  error in {clip_middle(case.case_id, 40)}: {case.failures[0]}", TABLE_WIDTH))
+            continue
+        ratios = [t.ratio for t in case.candidate.tensors if t.ratio is not None and not math.isnan(t.ratio)]
+        repeat = ("-" if case.deterministic is None else "same" if case.deterministic
+                  else "CHANGED " + ",".join(case.nondeterministic_tensors))
+        rows.append(["  " + case.status, clip(_worst(case.candidate.tensors), 26), ratio_range(ratios),
+                     clip(_systematic_cell(case), 14), clip(repeat, 10),
+                     "pass" if case.default_repeat.passes else "FAIL", _controls_cell(case)])
+    widths = [max(len(row[i]) for row in [header] + [r for r in rows if len(r) > 1]) for i in range(len(header))]
+    lines.append(clip("  " + "  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip(), TABLE_WIDTH))
+    for row in rows:
+        text = row[0] if len(row) == 1 else "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+        lines.append(clip("  " + text, TABLE_WIDTH))
+    lines += _format_line(record) + errors
+    lines += [clip(f"  skipped ({count}): {reason}", TABLE_WIDTH) for reason, count in skipped.items()]
+    return lines + [clip(line, TABLE_WIDTH) for line in _completeness_lines(record)]
+
+
+def wide_verdict_table(record: LeverRecord) -> list[str]:
+    """The full table (`--wide`): one line for the lever, then a row per case with every figure
+    uncut. Figures are error/bound (over 1 fails): the candidate's worst tensor or slice, and each
+    negative control's (which must be over 1)."""
     lever = record.lever
     lines = [
         f"{lever['name']} [{lever['tier']}] {lever['candidate']} vs {lever['default']}"

@@ -31,6 +31,17 @@ NO_KERNEL_CHANGE = "no kernel change"  # the candidate ran the default's own ker
 # rule measured against that floor (correctness.lever.FormatFloor).
 FORMAT_LIMITED = "format-limited"
 RAN = (PASS, NO_KERNEL_CHANGE, FORMAT_LIMITED)  # the case statuses of a case that ran and held
+# Lever verdicts from the weakest evidence to the strongest: of several results for one lever
+# (tiers, entries) the weakest stands for it. `skip` (nothing ran) is no evidence at all.
+WEAKEST_FIRST = (FAIL, SKIP, INCOMPLETE, FORMAT_LIMITED, PASS, NO_KERNEL_CHANGE)
+
+
+def weakest(verdicts: Collection[str]) -> str:
+    """The weakest of several lever verdicts (an unknown word counts as the weakest of all)."""
+    unknown = [verdict for verdict in verdicts if verdict not in WEAKEST_FIRST]
+    if unknown:
+        return unknown[0]
+    return min(verdicts, key=WEAKEST_FIRST.index)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +184,7 @@ class CaseResult:
     summary: Mapping[str, Any]  # the lever's own figures for the case
     seconds: float
     format: FormatResult | None = None  # where the lever declares a format floor and the case was judged
+    recipe_runs: str = "candidate"  # which path the recipe itself runs (correctness.lever.Case.recipe_runs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,9 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from correctness.adam_precision import wrong as adam_wrong
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.lever import window_changed, window_too_narrow, window_too_wide
-from correctness.lever import Case, Mutated, Implementation
+from correctness.fp8 import wrong as fp8_wrong
+from correctness.grad_accumulation import wrong as accumulation_wrong
+from correctness.lever import Case, Implementation, Mutated, WrongImplementation
+from correctness.reduction import wrong as reduction_wrong
+from correctness.router import wrong as router_wrong
 
 LAST_BLOCK = 64  # rows: the last block of a 64-row kernel tile
 ONE_BF16_ULP = 2.0**-8  # an output scaled by 1 + 2^-8, one BF16 unit roundoff
@@ -61,29 +66,15 @@ def _has_window(case: Case) -> bool:
     return case.shape.window is not None
 
 
-def _always(case: Case) -> bool:
-    return True
-
-
 def _window_edge(case: Case) -> bool:
     return case.variant == "window-edge"
-
-
-@dataclass(frozen=True, kw_only=True)
-class WrongImplementation:
-    name: str
-    lever: str  # the lever whose CPU tier judges it
-    build: Callable[[Implementation], Implementation]  # from the lever's honest path
-    changes: Callable[[Case], bool] = _always
-    caught_on: Callable[[Case], bool] = _always
-    expected: str = "fail"  # or "systematic": flagged by the diagnostic (a failure with --strict-systematic)
 
 
 def _attention(mutation: str, **changes) -> Callable[[Implementation], Implementation]:
     return lambda base: Mutated(base=base, mutation=mutation, **changes)
 
 
-CATALOGUE = (
+_ATTENTION_AND_OFFLOAD = (
     WrongImplementation(
         name="window one key too narrow", lever="attention-backend", changes=_has_window, caught_on=_window_edge,
         build=_attention("window one key too narrow", mutate=window_changed(window_too_narrow)),
@@ -104,4 +95,16 @@ CATALOGUE = (
         name="BF16 weights not refreshed from the FP32 masters", lever="optimizer-offload",
         build=lambda base: Mutated(base=base, mutation="BF16 weights not refreshed", change_outputs=_stale_bf16),
     ),
+)
+
+# The precision levers' wrong implementations in their candidate's own format (truncation instead of
+# round to nearest, a dropped rank or microbatch, a second rounding), declared beside each lever:
+# each must fail where the honest candidate is format-limited (their levers' tests).
+CATALOGUE = (
+    *_ATTENTION_AND_OFFLOAD,
+    *reduction_wrong.WRONG_IMPLEMENTATIONS,
+    *accumulation_wrong.WRONG_IMPLEMENTATIONS,
+    *router_wrong.WRONG_IMPLEMENTATIONS,
+    *fp8_wrong.WRONG_IMPLEMENTATIONS,
+    *adam_wrong.WRONG_IMPLEMENTATIONS,
 )

@@ -26,7 +26,7 @@ so iteration 1 runs at lr 0 whenever there is warmup (it changes only the moment
 """
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -148,11 +148,18 @@ def adamw_run(
     clip_coefficients: Sequence[float],
     first_step: int = 1,
     bias_correction: bool = True,
+    stored: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """len(grads) AdamW steps on one tensor from zero moments, in FP64.
 
     Step k (0-based) uses grads[k] x clip_coefficients[k], hypers[k] and t = first_step + k.
     Returns {"master": final param, "update": final - param0, "exp_avg", "exp_avg_sq"}.
+
+    `stored(name, values)`, where given, is what an optimizer that keeps the state in a narrower
+    format reads back after storing `values` (FP64 in, FP64 out; name "master", "exp_avg" or
+    "exp_avg_sq"): it is applied to the master before the first step (the optimizer's copy of
+    param0) and to each of the three after every step, so every step reads the stored state and the
+    results are the stored values; "update" is still taken from param0. None: nothing is rounded.
     """
     if not (len(grads) == len(hypers) == len(clip_coefficients)):
         raise ValueError(
@@ -163,10 +170,12 @@ def adamw_run(
         if not _real(coefficient) or coefficient < 0:
             raise ValueError(f"clip_coefficients must be finite and >= 0, got {coefficient!r}")
     p0 = _fp64("param0", param0)
-    p, m, v = p0, torch.zeros_like(p0), torch.zeros_like(p0)
+    p, m, v = p0 if stored is None else stored("master", p0), torch.zeros_like(p0), torch.zeros_like(p0)
     for k, (grad, hyper, coefficient) in enumerate(zip(grads, hypers, clip_coefficients)):
         g = _fp64("grad", grad, p0.shape) * coefficient
         p, m, v = adamw_step(p, g, m, v, step=first_step + k, hyper=hyper, bias_correction=bias_correction)
+        if stored is not None:
+            p, m, v = stored("master", p), stored("exp_avg", m), stored("exp_avg_sq", v)
     return {"master": p, "update": p - p0, "exp_avg": m, "exp_avg_sq": v}
 
 

@@ -15,6 +15,12 @@ b [experts]), all taken to FP64:
         of the group_topk best groups can be chosen
     then every weight times the scaling factor, where there is one.
 
+`round_logits`, where given, is applied to the logits before everything that follows them (a
+narrower format's rounding, for a format floor), and `round_scores` to the scores the score
+function makes over all experts (sigmoid, or softmax where `pre_softmax`) before the expert bias
+and the choice; their gradients are passed straight through, as a cast's is, so the gradients are
+exact from the rounded values on.
+
 Returned dense: `weights` [tokens, experts], zero where an expert is not chosen, and the boolean
 `chosen` map; the gradients of sum(weights x upstream) with respect to W and h (autograd in FP64:
 the choice is discrete and carries no gradient; the weights' gradient flows through the scores).
@@ -23,19 +29,26 @@ how near the token is to a tie, in the units the choice is made in; `boundary_sc
 best selection score itself.
 """
 
+from collections.abc import Callable
+
 import torch
 
 
-def _choice_scores(logits: torch.Tensor, score_function: str, pre_softmax: bool,
-                   expert_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _rounded(x: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """x through `rounding`, its gradient passed straight through."""
+    return x if rounding is None else x + (rounding(x.detach()).double() - x.detach())
+
+
+def _choice_scores(logits: torch.Tensor, score_function: str, pre_softmax: bool, expert_bias: torch.Tensor | None,
+                   round_scores: Callable[[torch.Tensor], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the scores the choice ranks, the scores the weights are made from), over all experts."""
     if score_function == "sigmoid":
-        scores = torch.sigmoid(logits)
+        scores = _rounded(torch.sigmoid(logits), round_scores)
         ranked = scores if expert_bias is None else scores + expert_bias
         return ranked, scores
     if score_function == "softmax":
         if pre_softmax:
-            scores = torch.softmax(logits, dim=-1)
+            scores = _rounded(torch.softmax(logits, dim=-1), round_scores)
             return scores, scores
         return logits, logits
     raise ValueError(f"router reference: unknown score function {score_function!r} (sigmoid or softmax)")
@@ -58,7 +71,9 @@ def route(hidden: torch.Tensor, weight: torch.Tensor, *, top_k: int, score_funct
           scaling_factor: float | None = None, expert_bias: torch.Tensor | None = None,
           router_bias: torch.Tensor | None = None, pre_softmax: bool = False,
           num_groups: int | None = None, group_topk: int | None = None,
-          upstream: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+          upstream: torch.Tensor | None = None,
+          round_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
+          round_scores: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """FP64 routing of hidden [tokens, hidden] by weight [experts, hidden]: logits, dense weights,
     the chosen map and the boundary gap; with `upstream` [tokens, experts] also grad_weight and
     grad_hidden of sum(weights x upstream)."""
@@ -67,8 +82,9 @@ def route(hidden: torch.Tensor, weight: torch.Tensor, *, top_k: int, score_funct
     logits = h @ w.t()
     if router_bias is not None:
         logits = logits + router_bias.double()
+    logits = _rounded(logits, round_logits)
     bias = None if expert_bias is None else expert_bias.double()
-    ranked, scores = _choice_scores(logits, score_function, pre_softmax, bias)
+    ranked, scores = _choice_scores(logits, score_function, pre_softmax, bias, round_scores)
     candidates = ranked.detach()
     if group_topk:
         candidates = candidates.masked_fill(~_allowed_by_groups(candidates, top_k, num_groups, group_topk),

@@ -10,9 +10,13 @@ For microbatches m = 0 .. M-1, each with an input x_m [tokens, in] and an upstre
 Every input is upcast to FP64 (exact for BF16 and FP32 values); each product and each sum is
 FP64's own, 2^-53 relative per operation. 3-D inputs [seq, batch, features] are read as
 [seq x batch, features], as Megatron flattens them before its wgrad GEMM.
+
+`rounding` (the format floor of an accumulation whose terms are narrower than the buffer): a
+function applied to each microbatch's FP64 wgrad_m before it is added, e.g. a rounding to BF16;
+everything else stays FP64.
 """
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 
@@ -29,9 +33,11 @@ def accumulated_weight_gradient(
     microbatches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     after: Collection[int],
     initial: torch.Tensor | None = None,
+    rounding: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[int, torch.Tensor]:
     """{k: main_grad after k microbatches} in FP64 for each k in `after`, from (x_m, dy_m) pairs in
-    the order they are accumulated; `initial` (default zeros) is the buffer before the first."""
+    the order they are accumulated; `initial` (default zeros) is the buffer before the first;
+    `rounding` applied to each microbatch's wgrad before it is added (module docstring)."""
     wanted = set(after)
     if not wanted or min(wanted) < 1:
         raise ValueError(f"weight gradient: counts of microbatches must be positive, got {sorted(wanted)}")
@@ -44,6 +50,8 @@ def accumulated_weight_gradient(
             raise ValueError(f"weight gradient: microbatch {count - 1} has {x.shape[0]} input tokens and"
                              f" {dy.shape[0]} gradient tokens")
         wgrad = dy.to(torch.float64).t() @ x.to(torch.float64)
+        if rounding is not None:
+            wgrad = rounding(wgrad).to(torch.float64)
         if total is None:
             total = torch.zeros_like(wgrad)
         if total.shape != wgrad.shape:

@@ -1,6 +1,8 @@
 """The precision-aware Adam lever: TE FusedAdam's state storage as emulated on the CPU, checked
-against TE 2.17's source worked by hand; the emulated step; the lever's cases, recipes and tiers;
-the CPU tier end to end (correctness/adam_precision/)."""
+against TE 2.17's source worked by hand; the emulated step; the format floor (the FP64 reference
+with the state stored as the candidate stores it); the lever's cases, recipes and tiers; the CPU
+tier end to end, and the wrong implementations in the candidate's own format that it must fail
+(correctness/adam_precision/)."""
 
 import dataclasses
 import math
@@ -11,21 +13,26 @@ import pytest
 import torch
 
 from correctness.adam_precision import lever as adam_precision
-from correctness.adam_precision.paths import EmulatedFusedAdam, StateDtypes, TeFusedAdamState
-from correctness.adam_precision.state import (
-    STATE_FORMATS, join_remainder, load, split_remainder, store, zeros,
+from correctness.adam_precision.floor import FORMAT, Fp64StoredAdamW
+from correctness.adam_precision.paths import (
+    STEP_LOST, THROUGH_FP8, TRUNCATED, EmulatedFusedAdam, StateDtypes, TeFusedAdamState,
 )
+from correctness.adam_precision.state import (
+    STATE_FORMATS, join_remainder, load, rounded, split_remainder, store, zeros,
+)
+from correctness.adam_precision.wrong import WRONG_IMPLEMENTATIONS
 from correctness.errors import PathUnavailable, RecipeError
 from correctness.fixtures import recipe_path
-from correctness.harness import run_case
+from correctness.harness import run_candidates, run_case
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.optimizer import lever as offload
 from correctness.optimizer.inputs import optimizer_units
 from correctness.optimizer.layout import SMOKE
-from correctness.optimizer.paths import EagerAdamW, clipped
+from correctness.optimizer.paths import EagerAdamW, Fp64AdamW, clipped
 from correctness.optimizer.split import GPU
 from correctness.optimizer.synthetic_values import synthetic_slice
 from correctness.recipes import load_recipe
+from references.adamw import adamw_run
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
@@ -108,6 +115,52 @@ def test_remainders_keep_the_fp32_master_exactly_and_round_ties_away():
     differ = bf16 != masters.to(torch.bfloat16)
     low = masters.view(torch.int32) & 0xFFFF
     assert bool((low[differ] == 0x8000).all())  # only exact ties differ from round to nearest even
+
+
+# --- rounding for the floor and for the wrong implementations ----------------------------------
+
+NARROW = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+SAME_SIZE_INTS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float8_e4m3fn: torch.int8}
+
+
+def neighbours(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next representable values below and above in magnitude (same sign), as FP64."""
+    bits = values.view(SAME_SIZE_INTS[values.dtype])
+    return (bits - 1).view(values.dtype).double(), (bits + 1).view(values.dtype).double()
+
+
+def test_fp64_values_are_rounded_once_where_torch_rounds_twice():
+    """torch converts FP64 to BF16, FP16 and E4M3 through FP32; just above a midpoint by less than
+    FP32 resolves, that lands on the midpoint and ties to even, the wrong way."""
+    x = torch.tensor([1 + 2**-8 + 2**-40, 1 + 2**-11 + 2**-40, 1 + 2**-4 + 2**-40], dtype=torch.float64)
+    for value, storage, once in zip(x, NARROW, (1 + 2**-7, 1 + 2**-10, 1 + 2**-3)):
+        assert float(value.to(storage)) == 1.0  # torch: twice
+        assert float(rounded(value.reshape(1), storage)) == once
+
+
+@pytest.mark.parametrize("storage", NARROW, ids=str)
+def test_fp64_values_round_to_the_nearest_representable(storage):
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(20_000, generator=generator, dtype=torch.float64) * torch.exp(
+        torch.randn(20_000, generator=generator, dtype=torch.float64) * 3)
+    x = x.clamp(-240.0, 240.0)  # below the formats' largest values: both neighbours finite
+    nearest = rounded(x, storage)
+    below, above = neighbours(nearest)
+    distance = (nearest.double() - x).abs()
+    nonzero = nearest.double() != 0  # at zero the neighbour "below" is the other sign's
+    assert bool((distance <= (above - x).abs()).all()) and bool((distance[nonzero] <= (below - x).abs()[nonzero]).all())
+    assert torch.equal(rounded(x.float(), storage).double(), x.float().to(storage).double())  # FP32: torch's own
+
+
+@pytest.mark.parametrize("storage", NARROW, ids=str)
+def test_truncation_rounds_toward_zero(storage):
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(2)).clamp(-240.0, 240.0)
+    truncated = rounded(x, storage, toward_zero=True).double()
+    nearest = x.to(storage)
+    assert bool((truncated.abs() <= x.double().abs()).all())
+    assert bool(((truncated == nearest.double()) | (truncated == neighbours(nearest)[0])).all())
+    if storage == torch.bfloat16:  # BF16: the FP32 pattern's low 16 bits dropped
+        assert torch.equal(truncated.float(), (x.view(torch.int32) & ~0xFFFF).view(torch.float32))
 
 
 # --- the emulated step ---------------------------------------------------------------------------
@@ -210,6 +263,42 @@ def test_emulated_steps_match_te_source_worked_by_hand(gpu_units, dtypes):
     assert torch.equal(tensors[f"{name}:bf16"], expected["bf16"])
 
 
+def test_the_reference_hook_sees_every_stored_state_and_an_exact_store_changes_nothing(gpu_units):
+    unit = small_unit(gpu_units, steps=3)
+    hypers = [unit.config.hyperparameters(i, unit.weight_decay_multiplier) for i in unit.iterations()]
+    seen = []
+
+    def exact(name, values):
+        seen.append(name)
+        return values
+
+    plain = adamw_run(unit.weights, unit.grads, hypers=hypers, clip_coefficients=[0.5] * 3)
+    hooked = adamw_run(unit.weights, unit.grads, hypers=hypers, clip_coefficients=[0.5] * 3, stored=exact)
+    assert seen == ["master"] + ["master", "exp_avg", "exp_avg_sq"] * 3
+    assert all(torch.equal(plain[name], hooked[name]) for name in plain)
+
+
+@pytest.mark.parametrize("dtypes", HAND_WORKED, ids=lambda d: d.label)
+def test_the_floor_stores_its_state_as_the_candidate_does(gpu_units, dtypes):
+    """Each lowered state of the floor is the candidate's but for the FP32 arithmetic: they part by
+    a tenth of the format's own error at most (only where FP32's error straddles a midpoint, or moves
+    a per-tensor scale by its last bit). BF16 moments lie on BF16's grid."""
+    unit = smallest(gpu_units, 1)[0]
+    floor = Fp64StoredAdamW(dtypes).run(unit).tensors
+    candidate = EmulatedFusedAdam(dtypes).run(unit).tensors
+    reference = Fp64AdamW(fp32_hyperparameters=True).run(unit).tensors
+    assert {name: t.dtype for name, t in floor.items()} == {name: t.dtype for name, t in candidate.items()}
+    name = unit.param.name
+    if dtypes.exp_avg == "bf16":
+        assert torch.equal(floor[f"{name}:exp_avg"].to(torch.bfloat16).float(), floor[f"{name}:exp_avg"])
+    lowered = [state for state, fmt in (("master", dtypes.master), ("exp_avg", dtypes.exp_avg),
+                                        ("exp_avg_sq", dtypes.exp_avg_sq)) if fmt != "fp32"]
+    for quantity in lowered:
+        ours, theirs, exact = (t[f"{name}:{quantity}"].double() for t in (floor, candidate, reference))
+        format_error = float((ours - exact).norm() / exact.norm())
+        assert format_error > 1e-4 and float((ours - theirs).norm() / exact.norm()) < 0.1 * format_error, quantity
+
+
 def test_remainder_masters_step_as_fp32_masters(gpu_units):
     unit = smallest(gpu_units, 1)[0]
     fp32 = EmulatedFusedAdam(StateDtypes()).run(unit).tensors
@@ -298,14 +387,20 @@ def test_te_path_is_unavailable_without_te_or_a_gpu(gpu_units):
         TeFusedAdamState(StateDtypes(exp_avg="bf16", exp_avg_sq="bf16")).run(gpu_units[0])
 
 
-def test_cpu_tier_end_to_end_bf16_moments_fail_and_remainders_pass():
+def test_cpu_tier_end_to_end_bf16_moments_are_format_limited_and_remainders_pass():
     (lever,) = adam_precision.cpu_tier(GEMMA, LeverOptions())
+    assert lever.format_floor is not None and lever.format_floor.format == FORMAT
     results = {case.shape.store_param_remainders or case.shape.exp_avg_dtype: run_case(lever, case)
                for case in lever.cases if case.shape.exp_avg_dtype == "bf16" or case.shape.store_param_remainders}
     bf16, remainders = results["bf16"], results[True]
-    assert bf16.status == "fail" and bf16.deterministic
-    assert bf16.failures and all(line.startswith("candidate") and "> bound" in line for line in bf16.failures)
-    assert {re.search(r":(\w+): error", line).group(1) for line in bf16.failures} >= {"exp_avg", "exp_avg_sq"}
+    assert bf16.status == "format-limited" and bf16.deterministic and bf16.failures == ()
+    outside = bf16.format.outside_rule
+    assert outside and all(line.startswith("candidate") and "> bound" in line for line in outside)
+    assert {re.search(r":(\w+): error", line).group(1) for line in outside} >= {"exp_avg", "exp_avg_sq"}
+    failing = {re.search(r"candidate(?: \(repeat\))? (\S+): error", line).group(1) for line in outside}
+    assert failing <= set(bf16.format.floor_fails_rule)
+    assert bf16.format.findings == () and bf16.format.systematic == ()
+    assert all(control.fails for control in bf16.format.controls)
     assert remainders.status == "pass"
     assert all(t.bitwise_identical for t in remainders.candidate.tensors if not t.tensor.endswith(":bf16"))
     for result in (bf16, remainders):
@@ -332,3 +427,55 @@ def test_references_are_computed_once_per_unit_and_let_go(gpu_units):
     assert len(calls) == 2 and not shared._outputs
     shared.run(items[0])
     assert len(calls) == 3  # asked for once more: computed again
+
+
+# --- wrong implementations in the candidate's own format -------------------------------------------
+
+BIASED = f"biased beyond the {FORMAT} floor's rounding"
+WORSE = f"worse than {FORMAT} allows"
+CAUGHT_BY = {TRUNCATED: BIASED, THROUGH_FP8: WORSE, STEP_LOST: WORSE}
+
+
+@pytest.fixture(scope="module")
+def gemma_lever():
+    return adam_precision.cpu_tier(GEMMA, LeverOptions())[0]
+
+
+def gemma_case(lever, master: str, moments: str):
+    return next(case for case in lever.cases if (case.shape.master_dtype, case.shape.exp_avg_dtype) == (master, moments)
+                and not case.shape.store_param_remainders)
+
+
+@pytest.mark.parametrize("master, moments", [("fp32", "bf16"), ("fp32", "fp8"), ("fp16", "fp32")],
+                         ids=["bf16-moments", "fp8-moments", "fp16-masters"])
+def test_wrong_implementations_in_the_same_format_fail_where_the_honest_one_is_format_limited(
+        gemma_lever, master, moments):
+    case = gemma_case(gemma_lever, master, moments)
+    wrong = [entry for entry in WRONG_IMPLEMENTATIONS if entry.changes(case)]
+    assert {entry.name for entry in wrong} == ({TRUNCATED, STEP_LOST} | ({THROUGH_FP8} if moments == "bf16" else set()))
+    honest = gemma_lever.candidate
+    results = run_candidates(gemma_lever, case, [honest, *(entry.build(honest) for entry in wrong)], repeat=False)
+    assert results[0].status == "format-limited", results[0].failures
+    for entry, result in zip(wrong, results[1:]):
+        assert entry.caught_on(case) and result.status == "fail", entry.name
+        findings = result.format.findings
+        assert any(CAUGHT_BY[entry.name] in finding for finding in findings), (entry.name, result.failures)
+
+
+def test_the_wrong_implementations_need_the_cpu_path(gpu_units):
+    with pytest.raises(TypeError, match="ByCase"):
+        WRONG_IMPLEMENTATIONS[0].build(EmulatedFusedAdam(StateDtypes()))
+    with pytest.raises(ValueError, match="unknown mistake"):
+        EmulatedFusedAdam(StateDtypes(), mistake="something else")
+
+
+def test_with_fp16_masters_no_bias_correction_is_within_the_format_bound_so_not_applied(gemma_lever):
+    """Run as a candidate, an FP16-master FusedAdam without bias correction is format-limited itself:
+    its update error is the masters' own FP16 rounding, and the control would have no power there."""
+    case = gemma_case(gemma_lever, "fp16", "fp32")
+    (control,) = [c for c in gemma_lever.controls if c.name == "no bias correction"]
+    assert "below the masters' own FP16 rounding" in control.why_inapplicable(case)
+    assert control.why_inapplicable(gemma_case(gemma_lever, "fp32", "bf16")) is None
+    (result,) = run_candidates(gemma_lever, case, [control.path], repeat=False)
+    assert result.status == "format-limited"
+    assert max(t.error_over_bound for t in result.format.candidate.tensors) < 1

@@ -11,6 +11,7 @@ from correctness.check import check_recipe
 from correctness.cli import main
 from correctness.fixtures import recipe_path
 from correctness.recipes import load_document, write_recipe
+from recipe_agreement import assert_check_agrees_with_run, run_attach_check
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
@@ -73,8 +74,9 @@ def test_run_writes_one_record_per_lever(tmp_path, workers):
     finished = run_cli("run", str(recipe_path(GEMMA)), "--tier", "cpu", "--results-dir", str(results),
                        "--workers", str(workers), "--", "-k", "offload_fraction_cpu", "-p", "no:cacheprovider",
                        cwd=tmp_path)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert finished.returncode == 1, finished.stdout + finished.stderr  # the attention lever it needs did not run
     assert "lever verdicts" in finished.stdout
+    assert f"recipe {GEMMA}: INCOMPLETE" in finished.stdout
     (record,) = results.rglob("*.json")
     data = json.loads(record.read_text())
     assert data["verdict"] == "pass"
@@ -106,7 +108,7 @@ def test_run_hands_strict_systematic_to_pytest(tmp_path):
     finished = run_cli("run", str(recipe_path(GEMMA)), "--tier", "cpu", "--strict-systematic", "--",
                        "--collect-only", "-q", "-p", "no:cacheprovider", cwd=tmp_path)
     assert finished.returncode == 0, finished.stdout + finished.stderr
-    assert "--strict-systematic" in finished.stdout.splitlines()[0]
+    assert "--strict-systematic" in finished.stdout.split("test session starts")[0]  # the pytest command it prints
 
 
 def test_a_recipe_on_a_gpu_without_a_tier_runs_the_cpu_tiers_and_skips_the_gpu_ones(tmp_path):
@@ -118,14 +120,31 @@ def test_a_recipe_on_a_gpu_without_a_tier_runs_the_cpu_tiers_and_skips_the_gpu_o
     assert "test_sdpa_flash_cpu_against_eager_unfused[" in finished.stdout
     finished = run_cli("run", str(recipe), "--tier", "cpu", "--results-dir", str(tmp_path),
                        "--", "-k", "te_auto", "-rs", "-p", "no:cacheprovider", cwd=tmp_path)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert finished.returncode == 1, finished.stdout + finished.stderr  # no lever it needs ran: incomplete
     assert "SKIPPED" in finished.stdout and "no tier for the GPU 'A100'" in finished.stdout
 
 
 def test_run_selects_the_recipes_own_levers(tmp_path):
     finished = run_cli("run", str(recipe_path(NEMOTRON)), "--tier", "cpu", "--results-dir", str(tmp_path),
                        "--", "-k", "loss", "-p", "no:cacheprovider", cwd=tmp_path)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert finished.returncode == 1, finished.stdout + finished.stderr  # thd-packing and offload deselected
     records = sorted(path.name for path in tmp_path.rglob("*.json"))
     assert records == ["packed-loss--cpu--packed-token-sum.json"]
     assert all("nemotron" in str(path) for path in tmp_path.rglob("*.json"))
+
+
+@pytest.mark.parametrize("recipe_id", [GEMMA, NEMOTRON])
+def test_a_seed_recipe_passes_on_the_cpu_and_check_agrees_with_run(recipe_id, tmp_path):
+    """The seeds are judged on what they change against their references (Gemma: the attention
+    backend and the offload fraction, not the gradient-accumulation fusion its reference shares):
+    the CPU tier passes them, exit 0, and after attach `check` shows each lever's CPU evidence as
+    `run` gave it, while it still asks for the recipe GPU's own results."""
+    run, check = run_attach_check(recipe_path(recipe_id), tmp_path, "--tier", "cpu", "--", "-p", "no:cacheprovider")
+    assert run["exit_status"] == 0 and run["verdict"]["verdict"] == "pass", run["verdict"]
+    assert run["verdict"]["not_changed"] == []
+    assert_check_agrees_with_run(run, check)
+    levers = [finding for finding in check["findings"] if finding.get("lever")]
+    assert levers and all(f["cpu_result"] == "pass" for f in levers), levers
+    # The recipe's verdict counts its GPU's results only: Gemma's carries its H100 results, Nemotron's none.
+    assert all(f["status"] == ("pass" if f["result"] == "pass" else "incomplete") for f in levers), levers
+    assert check["verdict"] == ("pass" if recipe_id == GEMMA else "incomplete")

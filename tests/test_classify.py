@@ -127,7 +127,8 @@ def test_cli_json(run_cli):
     assert offload == {
         "flag": "--optimizer-offload-fraction", "kind": "added", "reference": None, "candidate": ["0.55"],
         "default": ["1.0"], "class": "numerics", "reason": offload["reason"], "levers": ["optimizer-offload"],
-        "lever_results": {"optimizer-offload": None}, "outcome": "missing", "notes": [],
+        "lever_results": {"optimizer-offload": None}, "convergence_passes": True, "outcome": "missing",
+        "notes": [],
     }
     assert data["counts"] == {"placement": 4, "numerics": 2, "batching": 0, "must-match": 0, "inert": 0, "unknown": 0}
 
@@ -197,15 +198,21 @@ def test_unknown_flag_needs_review(tmp_path, run_cli):
     assert status == 1 and "--new-kernel-knob: needs review (not classed by the rules file)" in out
 
 
-def test_numerics_change_without_a_lever_needs_review(tmp_path):
-    path = copy_recipe(tmp_path, GEMMA, replace_once("--attention-softmax-in-fp32 ", ""))
+@pytest.mark.parametrize("converged", [True, False])
+def test_numerics_change_without_a_lever_needs_a_passing_convergence_block(tmp_path, converged):
+    """Its evidence is a convergence run: covered with the recipe's passing block, else for review."""
+    def convergence(data):
+        data["correctness"]["convergence"]["result"] = "pass" if converged else "fail"
+
+    path = copy_recipe(tmp_path, GEMMA, replace_once("--attention-softmax-in-fp32 ", ""), edit_data=convergence)
     data = yaml.safe_load(resources.files("correctness.rules").joinpath("arguments.yaml").read_text())
     del data["arguments"]["--attention-softmax-in-fp32"]["lever"]  # as for an argument no lever covers yet
     rules = parse_rules(data, "rules without the softmax lever's argument")
-    result = classify(load_recipe(path), load_reference(reference_path(load_recipe(recipe_path(GEMMA)))), rules)
+    recipe = load_recipe(path)
+    assert recipe.data["correctness"]["convergence"]["result"] == ("pass" if converged else "fail")
+    result = classify(recipe, load_reference(reference_path(load_recipe(recipe_path(GEMMA)))), rules)
     change = changes_by_flag(result)["--attention-softmax-in-fp32"]
-    assert (change.klass, change.levers, change.outcome) == ("numerics", (), "review")
-    assert result.verdict == "incomplete"
+    assert (change.klass, change.levers, change.outcome) == ("numerics", (), "covered" if converged else "review")
 
 
 def test_numerics_change_whose_lever_has_no_result_is_missing(tmp_path):
@@ -377,8 +384,8 @@ def test_bad_component_tests(tmp_path):
 
 def test_missing_reference(tmp_path, run_cli):
     path = copy_recipe(tmp_path, GEMMA)
-    err = _one_line_error(run_cli, path)  # its id is its file name: no default reference
-    assert "references/candidate.yaml: no such file" in err and "--reference" in err
+    err = _one_line_error(run_cli, path)  # its id is gemma-4-31b/h100/candidate: no default reference
+    assert "references/gemma-4-31b/h100/candidate.yaml: no such file" in err and "--reference" in err
     err = _one_line_error(run_cli, path, "--reference", tmp_path / "nowhere.yaml")
     assert "nowhere.yaml: cannot be read (No such file or directory)" in err
 

@@ -148,9 +148,12 @@ def test_run_json_prints_a_summary_and_keeps_pytests_report_off_stdout(tmp_path)
     results = tmp_path / "results"
     finished = run_cli("run", recipe_path(NEMOTRON), "--tier", "cpu", "--results-dir", results, "--json",
                        "--", "-k", "loss", *QUIET, cwd=tmp_path)
-    assert finished.returncode == 0, finished.stderr
+    assert finished.returncode == 1, finished.stderr  # thd-packing and the offload, deselected: incomplete
     summary = json.loads(finished.stdout)  # stdout is the JSON alone
-    assert summary["exit_status"] == 0 and summary["recipe"] == NEMOTRON
+    assert summary["exit_status"] == 1 and summary["recipe"] == NEMOTRON
+    assert summary["verdict"]["verdict"] == "incomplete"
+    assert {lever["lever"]: lever["verdict"] for lever in summary["verdict"]["levers"]} == {
+        "thd-packing": "not run", "packed-loss": "pass", "optimizer-offload": "not run"}
     (record,) = summary["records"]
     assert record["lever"] == "packed-loss" and record["verdict"] == "pass"
     assert record["cases"] == {"pass": 2}

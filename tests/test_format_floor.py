@@ -197,3 +197,22 @@ def test_a_floor_must_name_its_roundings():
     with pytest.raises(ValueError, match="declares no roundings"):
         FormatFloor(format="BF16", roundings=(), path=Fp64Sum("x"))
     assert replace(BF16_FLOOR, format="BF16").roundings
+
+
+def test_strict_systematic_judges_a_candidate_with_a_floor_against_the_floors_bias():
+    """Under --strict-systematic the honest BF16 reduction stays format-limited (its rounding is the
+    floor's), while a candidate that passes the rule but is scaled by 1 + 1e-4 fails."""
+    assert run_case(lever(), case(0), strict_systematic=True).status == FORMAT_LIMITED
+
+    @dataclass(frozen=True)
+    class Scaled:
+        name: str = "fp32 reduction x (1 + 1e-4)"
+
+        def run(self, gradients):
+            output = DEFAULT.run(gradients)
+            return PathOutput(tensors={"grad": output.tensors["grad"] * (1 + 1e-4)}, backend=self.name)
+
+    assert run_case(lever(candidate=Scaled()), case(0)).status == PASS
+    strict = run_case(lever(candidate=Scaled()), case(0), strict_systematic=True)
+    assert strict.status == FAIL
+    assert any("systematic error" in failure and "floor" in failure for failure in strict.failures), strict.failures

@@ -1,7 +1,9 @@
 """The FP8 lever: the FP64 linear reference against autograd, the quantisation against TE 2.17's rules
 (scales from amax, power-of-two and E8M0 rounding, saturation, partial blocks), the GEMM stand-in
-against torch._scaled_mm on the CPU, what the recipe selects, and the CPU tier end to end on a
-recipe that trains in FP8 (the failure is the verdict; every control fails more clearly)."""
+against torch._scaled_mm on the CPU, what the recipe selects, the format floor (the reference on
+the recipe's FP8 operands), and the CPU tier end to end on a recipe that trains in FP8: the honest
+emulation is format-limited, every control fails the format bound, and the wrong implementations
+in the same format (correctness.fp8.wrong) fail."""
 
 import sys
 import types
@@ -15,12 +17,21 @@ from correctness.errors import PathUnavailable, RecipeError
 from correctness.fixtures import recipe_path
 from correctness.fp8 import lever as fp8
 from correctness.fp8.inputs import draw_tensors
-from correctness.fp8.paths import MISTAKES, quantize_operands
+from correctness.fp8.paths import (
+    BLOCK_SCALE_TOWARD_SATURATION,
+    MISTAKES,
+    TRUNCATED_CAST,
+    Fp64OnFp8Operands,
+    quantize_operands,
+    recipe_operands,
+)
 from correctness.fp8.scaling import E4M3, E5M2, Fp8Config, Quantized, e8m0_scale_inv, fp8_gemm, quantize, scale_from_amax
 from correctness.fp8.te_linear import TeLinear, te_recipe
-from correctness.harness import run_case
+from correctness.fp8.wrong import WRONG_IMPLEMENTATIONS
+from correctness.harness import run_candidates, run_case
 from correctness.lever import NotApplicable
 from correctness.recipes import load_recipe
+from correctness.results import FAIL, FORMAT_LIMITED
 from references.linear import linear_forward_backward
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -44,6 +55,23 @@ def test_reference_matches_autograd_in_fp64():
     torch.testing.assert_close(wgrad, weight.grad, rtol=1e-14, atol=0)
     with pytest.raises(ValueError, match="grad_output"):
         linear_forward_backward(x.detach(), weight.detach(), grad.t())
+
+
+def test_the_reference_reads_each_gemms_operands_through_its_hook():
+    generator = torch.Generator().manual_seed(0)
+    x, weight, grad = (torch.randn(*size, generator=generator, dtype=torch.float64) for size in ((5, 7), (3, 7), (5, 3)))
+    read = []
+
+    def halve_wgrad_x(gemm, name, t):
+        read.append((gemm, name))
+        return t / 2 if (gemm, name) == ("wgrad", "x") else t
+
+    y, dgrad, wgrad = linear_forward_backward(x, weight, grad, halve_wgrad_x)
+    assert torch.equal(y, x @ weight.t()) and torch.equal(dgrad, grad @ weight) and torch.equal(wgrad, grad.t() @ (x / 2))
+    assert sorted(read) == sorted([("y", "x"), ("y", "weight"), ("dgrad", "grad_output"), ("dgrad", "weight"),
+                                   ("wgrad", "grad_output"), ("wgrad", "x")])
+    with pytest.raises(ValueError, match="the dgrad GEMM's weight"):
+        linear_forward_backward(x, weight, grad, lambda gemm, name, t: t.t() if gemm == "dgrad" and name == "weight" else t)
 
 
 def test_scales_follow_te_compute_scale_from_amax():
@@ -94,7 +122,31 @@ def test_operands_use_the_format_of_each_pass():
     operands = quantize_operands(inputs)
     assert operands.x_fprop.data.dtype == operands.w_dgrad.data.dtype == torch.float8_e4m3fn
     assert operands.dy_dgrad.data.dtype == operands.dy_wgrad.data.dtype == torch.float8_e5m2  # hybrid
-    assert quantize_operands(inputs, "E5M2 in the forward where E4M3 is due").x_fprop.data.dtype == torch.float8_e5m2
+
+
+def test_truncation_rounds_toward_zero_within_one_step():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(4))
+    config = Fp8Config(recipe="tensorwise", format="hybrid")
+    for fmt in (E4M3, E5M2):
+        nearest, truncated = quantize(x, config, "grad", fmt), quantize(x, config, "grad", fmt, truncate=True)
+        scaled = x * scale_from_amax(x.abs().amax(), fmt.max, power_of_two=False)
+        assert (truncated.values().abs() <= scaled.abs()).all() and (truncated.values() * scaled >= 0).all()
+        moved = truncated.values() != nearest.values()
+        assert (nearest.values()[moved].abs() > scaled[moved].abs()).all()  # only where nearest rounded away from zero
+        assert 0.3 < float(moved.float().mean()) < 0.7
+        steps = nearest.data.view(torch.uint8).int() - truncated.data.view(torch.uint8).int()
+        assert set(steps.unique().tolist()) == {0, 1}
+
+
+def test_a_block_scale_rounded_toward_saturation_clamps_the_largest_elements():
+    assert e8m0_scale_inv(torch.tensor([448.0, 500.0, 1.0]), E4M3.max, round_up=False).float().tolist() == [1.0, 1.0, 2.0 ** -9]
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)) * 1000
+    for recipe in ("blockwise", "mxfp8"):
+        config = Fp8Config(recipe=recipe, format="e4m3")
+        honest, wrong = quantize(x, config, "input", E4M3), quantize(x, config, "input", E4M3, scale_toward_saturation=True)
+        assert honest.saturated == 0 and wrong.saturated > 0, recipe
+        assert torch.equal(wrong.scale_inv.float(), honest.scale_inv.float() / 2)
+        assert (wrong.values().abs().amax(dim=1) == E4M3.max).all()
 
 
 def test_the_stand_in_is_torch_scaled_mm_where_the_cpu_takes_the_layout():
@@ -118,10 +170,13 @@ def test_torch_scaled_mm_refuses_block_scales_on_the_cpu():
         torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv, scale_b=b.scale_inv.t(), out_dtype=torch.float32)
 
 
-def test_unscaled_gemm_is_the_controls_mistake():
+def test_scales_not_applied_or_applied_twice_are_the_controls_mistakes():
     q = Quantized(data=torch.tensor([[2.0]]).to(torch.float8_e4m3fn), scale_inv=torch.tensor(0.25), block=None)
     assert fp8_gemm(q, q, torch.float32).item() == 0.25
-    assert fp8_gemm(q, q, torch.float32, apply_scales=False).item() == 4.0
+    assert fp8_gemm(q, q, torch.float32, times_scaled=0).item() == 4.0
+    assert fp8_gemm(q, q, torch.float32, times_scaled=2).item() == 4.0 / 256
+    blocked = quantize(torch.tensor([[3.0] * 32]), Fp8Config(recipe="mxfp8", format="e4m3"), "input", E4M3)
+    assert torch.equal(blocked.dequantize(times_scaled=2), blocked.dequantize() * blocked.scale_inv.float())
 
 
 def _shape(**fields):
@@ -186,27 +241,83 @@ def test_te_recipes_are_built_as_megatron_builds_them(monkeypatch):
     }
 
 
-def test_cpu_tier_fails_fp8_and_every_control_fails_further_on_a_recipe_that_trains_in_fp8():
-    recipe = with_flags(NEMOTRON, "--fp8-format hybrid --fp8-recipe tensorwise")
-    (lever,) = fp8.cpu_tier(NEMOTRON, LeverOptions(recipe=recipe))
+def test_the_floor_is_the_reference_on_the_recipes_fp8_operands_rounded_to_the_candidates_dtypes():
+    """Delayed scaling's floor takes its scales from the amax history, as the recipe does for these
+    inputs; the floor is the secondary reference (FP64 on the same operands) rounded once."""
+    inputs = fp8.make_inputs(replace(_shape(), fp8_recipe="delayed", tokens=64, in_features=128, out_features=96), 0,
+                             torch.device("cpu"))
+    operands = recipe_operands(inputs)
+    assert operands.x_fprop.details["scale_amax"] == float(inputs.history_amax("input"))
+    assert operands.x_fprop.details["scale_amax"] != operands.x_fprop.details["amax"]
+    exact = Fp64OnFp8Operands().run(inputs).tensors
+    floor = fp8.FLOOR.path.run(inputs).tensors
+    assert {name: t.dtype for name, t in floor.items()} == {"y": torch.bfloat16, "dgrad": torch.bfloat16,
+                                                            "wgrad": torch.float32}
+    for name, t in floor.items():
+        assert torch.equal(t, exact[name].to(t.dtype)), name
+    assert torch.equal(exact["y"], operands.x_fprop.dequantize(dtype=torch.float64)
+                       @ operands.w_fprop.dequantize(dtype=torch.float64).t())
+
+
+def _fp8_lever(flags: str):
+    (lever,) = fp8.cpu_tier(NEMOTRON, LeverOptions(recipe=with_flags(NEMOTRON, flags)))
     assert [case.shape.linear for case in lever.cases] == ["attn-proj", "mlp-fc1"]
+    return lever
+
+
+def test_cpu_tier_is_format_limited_and_every_control_fails_the_format_bound_on_a_recipe_that_trains_in_fp8():
+    lever = _fp8_lever("--fp8-format hybrid --fp8-recipe tensorwise")
     case = lever.cases[1]
     assert case.shape.recipe_trains_in_fp8 and case.shape.config.id == "tensorwise-hybrid"
+    assert lever.format_floor is fp8.FLOOR
     result = run_case(lever, case)
-    assert result.status == "fail" and result.deterministic and result.default_repeat.passes
-    assert result.failures and all(line.startswith("candidate") for line in result.failures)
+    assert result.status == FORMAT_LIMITED, result.failures
+    assert result.failures == () and result.deterministic and result.default_repeat.passes
     assert {t.tensor for t in result.candidate.tensors if not t.passes} == {"y", "dgrad", "wgrad"}
+    assert result.format.floor_fails_rule == ("y", "dgrad", "wgrad") and result.format.systematic == ()
+    assert {line.split(":")[0] for line in result.format.outside_rule} == {
+        f"candidate{run} {name}" for run in ("", " (repeat)") for name in ("y", "dgrad", "wgrad")}
     summary = result.summary
-    assert all(summary["tensors"][name]["error_against_fp8_operands"] < 2e-3 for name in ("y", "dgrad", "wgrad"))
-    assert set(summary["controls"]) == set(MISTAKES)
+    for name, figures in summary["tensors"].items():
+        assert figures["error_against_fp8_operands"] < 2e-3, name
+        assert figures["error_over_format_bound"] < 1 < figures["error_over_bound"], name
+    assert {control.name for control in result.format.controls} == set(summary["controls"]) == set(MISTAKES)
     for name, control in summary["controls"].items():
         assert control["power"] > summary["worst_error_over_bound"], name
-        assert max(control["power_over_candidate"].values()) > 1.5, name
+        assert control["format_power"] > 2, name
     probe = summary["scaled_mm_probe"]
     if "refused" in probe:  # oneDNN's FP8 matmul needs AVX-512 or AMX
         assert probe["refused"].startswith("torch._scaled_mm does not run on this CPU: ")
     else:
         assert probe["y"]["max_relative_difference"] < 1e-5
+
+
+def test_wrong_implementations_in_the_same_format_fail_where_the_honest_one_is_format_limited():
+    lever = _fp8_lever("--fp8-format e4m3 --fp8-recipe mxfp8")
+    case = lever.cases[0]  # the smallest: 512 x 256 x 128
+    assert all(entry.changes(case) and entry.caught_on(case) for entry in WRONG_IMPLEMENTATIONS)
+    honest, truncated, saturating = run_candidates(
+        lever, case, [lever.candidate, *(entry.build(lever.candidate) for entry in WRONG_IMPLEMENTATIONS)], repeat=False)
+    assert honest.status == FORMAT_LIMITED, honest.failures
+    assert [truncated.status, saturating.status] == [FAIL, FAIL]
+    assert TRUNCATED_CAST in truncated.candidate.run.backend
+    assert truncated.format.systematic == ("y", "dgrad", "wgrad")
+    assert any(finding.startswith("candidate y: systematic error") and "biased beyond the FP8 floor's rounding" in finding
+               for finding in truncated.format.findings)
+    assert BLOCK_SCALE_TOWARD_SATURATION in saturating.candidate.run.backend
+    assert {t.tensor for t in saturating.format.candidate.tensors if not t.passes} == {"y", "dgrad", "wgrad"}
+    assert any(finding.startswith("candidate against the FP8 floor y") and "(worse than FP8 allows)" in finding
+               for finding in saturating.format.findings)
+
+
+def test_the_block_scale_mistake_leaves_per_tensor_recipes_unchanged():
+    lever = _fp8_lever("--fp8-format e4m3 --fp8-recipe tensorwise")
+    entry = next(entry for entry in WRONG_IMPLEMENTATIONS if entry.name == BLOCK_SCALE_TOWARD_SATURATION)
+    assert not entry.changes(lever.cases[0])
+    inputs = fp8.make_inputs(lever.cases[0].shape, 0, torch.device("cpu"))
+    wrong, honest = quantize_operands(inputs, BLOCK_SCALE_TOWARD_SATURATION), quantize_operands(inputs)
+    for name, (a, b) in wrong.gemms().items():
+        assert all(torch.equal(w.dequantize(), h.dequantize()) for w, h in zip((a, b), honest.gemms()[name])), name
 
 
 def test_the_hopper_gpu_tier_leaves_out_mxfp8_unless_the_recipe_asks_for_it():

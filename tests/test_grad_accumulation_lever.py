@@ -16,12 +16,14 @@ from correctness.errors import PathUnavailable
 from correctness.grad_accumulation import inputs as accumulation_inputs
 from correctness.grad_accumulation import lever as accumulation
 from correctness.grad_accumulation.inputs import AccumulationShape, make_inputs, tensor_name
-from correctness.grad_accumulation.megatron_wgrad import DROPPED, MegatronWgrad
+from correctness.grad_accumulation.megatron_wgrad import DROPPED, TRUNCATED, MegatronWgrad
 from correctness.grad_accumulation.te_wgrad import TeWgrad
-from correctness.harness import run_case
+from correctness.grad_accumulation.wrong import WRONG_IMPLEMENTATIONS
+from correctness.harness import run_candidates, run_case
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.models import facts_for
 from correctness.recipes import lever_recipe
+from correctness.results import FORMAT_LIMITED
 from references.weight_gradient import accumulated_weight_gradient
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -156,27 +158,64 @@ def test_megatron_branches_leave_what_they_should_in_main_grad(one_thread):
     assert dropped.backend.endswith(f"(mutated: {DROPPED})")
 
 
+def test_the_floor_is_the_reference_with_each_microbatch_gradient_rounded_once():
+    inputs = make_inputs(tiny_shape(), 0, "cpu")
+    floor = accumulation.wgrad_floor("bf16")
+    assert floor.format == "BF16" and len(floor.roundings) == 1
+    tensors = floor.path.run(inputs).tensors
+    terms = [(dy.reshape(-1, 24).double().t() @ x.reshape(-1, 16).double()).bfloat16().double()
+             for x, dy in (inputs.microbatch(m) for m in range(5))]
+    assert tensors[tensor_name(1)].dtype == torch.float32
+    assert torch.equal(tensors[tensor_name(1)], terms[0].float())  # torch's cast agrees here: no tie after FP32
+    assert torch.allclose(tensors[tensor_name(5)].double(), sum(terms), rtol=1e-7, atol=0)
+
+
 @pytest.mark.megatron
 def test_cpu_tier_end_to_end():
-    """Candidate failures are its own tensors outside the bound, only where the error exceeds it;
-    every control fails; the default's repeat passes; both paths are deterministic."""
+    """Noise-dominated: the candidate fails the rule on every count, as its BF16 floor does, and is
+    within 2 x the floor's error + 1e-3, unbiased against it; every control fails the rule and the
+    format bound; the default's repeat passes; both paths are deterministic: format-limited."""
     lever = accumulation.cpu_tier(NEMOTRON, LeverOptions())[0]
-    assert lever.tier == tiers.MEGATRON_CPU
+    assert lever.tier == tiers.MEGATRON_CPU and lever.format_floor.format == "BF16"
     case = lever.cases[0]
+    assert case.variant == "noise-dominated"
     started = time.perf_counter()
     result = run_case(lever, case)
     assert time.perf_counter() - started < 60
-    assert result.status in ("pass", "fail"), result.failures
-    assert all(failure.startswith("candidate") for failure in result.failures), result.failures
-    outside = {t.tensor for t in result.candidate.tensors if not t.passes}
-    assert result.status == ("fail" if outside else "pass")
+    assert result.status == FORMAT_LIMITED, result.failures
+    assert result.failures == () and result.format.findings == () and result.format.systematic == ()
+    assert result.systematic == ()  # the floor, a secondary reference, has BF16's own slope
     assert {t.tensor for t in result.candidate.tensors} == {tensor_name(count) for count in case.shape.counts}
-    assert all(t.default_error < 1e-5 for t in result.candidate.tensors)
+    assert all(not t.passes and t.default_error < 1e-5 for t in result.candidate.tensors)
+    assert set(result.format.floor_fails_rule) == {t.tensor for t in result.candidate.tensors}
+    assert all(t.error_over_bound < 0.5 for t in result.format.candidate.tensors)
     assert result.candidate.run.backend == "megatron-wgrad-unfused-fp32-main-grad"
     assert result.default.backend == "megatron-wgrad-fused-fp32-main-grad"
     assert result.default_repeat.passes and result.deterministic
     assert len(result.controls) == 3 and all(control.fails_bound and control.power > 1 for control in result.controls)
-    assert set(result.summary["per_count"]) == {t.tensor for t in result.candidate.tensors}
+    assert all(control.fails for control in result.format.controls)
+    summary = result.summary
+    assert set(summary["per_count"]) == {t.tensor for t in result.candidate.tensors}
+    assert all(figures["error_over_format_bound"] < 0.5 for figures in summary["per_count"].values())
+    assert all(figures["format_power"] > 1 for figures in summary["controls"].values())
+
+
+@pytest.mark.megatron
+def test_wrong_bf16_accumulations_fail_where_the_honest_one_is_format_limited():
+    """Truncating each microbatch's gradient is biased beyond the floor's rounding; a dropped
+    microbatch is worse than BF16 allows (the smallest case: Nemotron's 32 noise-dominated microbatches)."""
+    lever = accumulation.cpu_tier(NEMOTRON, LeverOptions())[0]
+    case = lever.cases[0]
+    wrong = {w.name: w.build(lever.candidate) for w in WRONG_IMPLEMENTATIONS}
+    assert set(wrong) == {TRUNCATED, DROPPED} and all(w.changes(case) and w.caught_on(case) for w in WRONG_IMPLEMENTATIONS)
+    honest, truncated, dropped = run_candidates(lever, case, [lever.candidate, *wrong.values()], repeat=False)
+    assert honest.status == FORMAT_LIMITED, honest.failures
+    assert truncated.status == "fail" and dropped.status == "fail"
+    assert set(truncated.format.systematic) == {tensor_name(count) for count in case.shape.counts}
+    assert all("biased beyond the BF16 floor's rounding" in finding for finding in truncated.format.findings)
+    assert all(t.error_over_bound < 1 for t in truncated.format.candidate.tensors)  # the bias, not the size, catches it
+    assert any("worse than BF16 allows" in finding for finding in dropped.format.findings)
+    assert dropped.candidate.run.details["dropped_microbatch"] == case.make_inputs("cpu").smallest_microbatch
 
 
 def test_megatron_missing_is_a_refusal_and_te_needs_a_gpu(monkeypatch):

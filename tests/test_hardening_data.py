@@ -145,12 +145,13 @@ def test_a_read_only_recipe_is_refused_in_one_line(records, gemma_copy, capsys):
 
 @pytest.mark.parametrize("name", ["...yaml", "..yaml"])
 def test_a_recipe_whose_id_would_leave_the_results_folder_is_refused(tmp_path, capsys, name):
-    """`...yaml` has the id `..`: its records would go to results/../. Refused on reading, before
-    `run` runs anything."""
+    """`...yaml` gives the id `gemma-4-31b/h100/..`: its records would go to results/gemma-4-31b/h100/../.
+    Refused on reading, before `run` runs anything."""
     dots = tmp_path / "recipes" / name
     dots.parent.mkdir()
     shutil.copy(recipe_path(GEMMA), dots)
-    message = f"recipe {dots}: its file name gives the id {dots.stem!r}, which cannot name a results folder"
+    message = (f"recipe {dots}: its file name cannot name a results folder (its id would be"
+               f" 'gemma-4-31b/h100/{dots.stem}')")
     with pytest.raises(RecipeError, match=re.escape(message)):
         load_recipe(dots)
     code, _, err = cli(capsys, "run", dots, "--results-dir", tmp_path / "results")
@@ -638,5 +639,5 @@ def test_a_nested_duplicate_key_is_named_and_merges_are_not_duplicates(tmp_path)
     path.write_text("layout: {tp: 2, tp: 4}\n")
     with pytest.raises(RecipeError, match=re.escape(f"recipe {path}: duplicate key 'tp' at line 1 (first at line 1)")):
         load_recipe(path)
-    path.write_text("base: &base {a: 1}\nuse:\n  <<: *base\n  a: 2\n")
+    path.write_text("model: M\ngpu: {type: H100}\nbase: &base {a: 1}\nuse:\n  <<: *base\n  a: 2\n")
     assert load_recipe(path).data["use"] == {"a": 2}

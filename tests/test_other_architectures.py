@@ -4,14 +4,13 @@ every shape derived from the recipe and the config (fixtures/configs/, fixtures/
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from correctness.fixtures import CONFIGS_DIR, recipe_path
 from correctness.model_config import read_config
+from recipe_agreement import assert_check_agrees_with_run, run_attach_check
 
 RECIPES = (
     "llama-3.1-8b/h100/example-tp2-pp1-offload05",
@@ -37,13 +36,13 @@ def model_of(recipe_id: str) -> str:
 def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
     model = model_of(recipe_id)
     config = CONFIGS_DIR / model / "config.json"
-    finished = subprocess.run(
-        [sys.executable, "-m", "correctness.cli", "run", str(recipe_path(recipe_id)), "--tier", "cpu",
-         "--model-config", str(config), "--results-dir", str(tmp_path), "--json", "--", "-p", "no:cacheprovider", "-k", THIS_ISSUES_LEVERS],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-    )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-6000:]
-    summary = json.loads(finished.stdout)
+    summary, check = run_attach_check(
+        recipe_path(recipe_id), tmp_path, "--tier", "cpu", "--model-config", str(config), "--", "-p", "no:cacheprovider",
+        "-k", THIS_ISSUES_LEVERS)
+    # No reference recipe: its numerics arguments are judged against Megatron's defaults, and the
+    # levers deselected here leave the verdict incomplete.
+    assert summary["verdict"]["against"] == "Megatron's defaults (no reference recipe)"
+    assert summary["exit_status"] == 1 and summary["verdict"]["verdict"] == "incomplete"
     verdicts = {record["lever"]: record["verdict"] for record in summary["records"]}
     assert verdicts.get("attention-backend") == "pass", verdicts
     assert verdicts.get("optimizer-offload") == "pass", verdicts
@@ -53,14 +52,11 @@ def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
         assert data["recipe"]["model"] == model
         assert data["recipe"]["model_facts_sha256"] == sha256
         assert data["recipe"]["model_facts"].endswith(f"{model}/config.json")
+    assert_check_agrees_with_run(summary, check)
+    assert check["findings"][0]["part"] == "configuration" and check["findings"][0]["status"] == "incomplete"
 
     # Attached, the entries name the controls that ran and those that applied to no case.
-    copy = tmp_path / "recipe.yaml"
-    copy.write_bytes(recipe_path(recipe_id).read_bytes())
-    paths = [record["path"] for record in summary["records"] if record["verdict"] != "skip"]  # nothing ran: refused
-    attached = subprocess.run([sys.executable, "-m", "correctness.cli", "attach", *paths, str(copy)],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert attached.returncode == 0, attached.stderr
+    copy = tmp_path / "copy" / recipe_path(recipe_id).name
     entries = yaml.safe_load(copy.read_text())["correctness"]["component_tests"]
     (attention,) = [entry for entry in entries if entry["test"].startswith("torch SDPA's flash CPU kernel against")]
     assert "wrong softmax scale" in attention["detail"]

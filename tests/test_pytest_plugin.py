@@ -141,7 +141,7 @@ def test_a_levers_marker_without_factory_is_a_usage_error(pytester):
     toy_project(pytester, lever_test("one_good_lever").replace("factory=", "fatcory="))
     result = run(pytester, "--collect-only", "-q")
     assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
-    result.stdout.fnmatch_lines(["E   *UsageError: test_toy.py::test_sum: write the marker as levers(factory=...)"])
+    result.stdout.fnmatch_lines(["E   *UsageError: test_toy.py::test_sum: write the marker as levers(factory=...)*"])
 
 
 def test_a_passing_run_writes_one_record_per_lever(pytester):
@@ -168,13 +168,21 @@ def test_the_terminal_summary_has_a_verdict_table_per_lever(pytester):
     result.stdout.fnmatch_lines(
         [
             "*= lever verdicts =*",
-            "toy-sum [[]cpu[]] fp64 vs fp32 · recipe toy/cpu/sum · PASS",
-            "  case * result * candidate ran * err/bound *inputs doubled err/bound",
-            "  sum-n64-seed0 * pass * torch-sum-fp64 *",
-            "  sum-n64-seed1 * pass * torch-sum-fp64 *",
+            "toy-sum [[]cpu[]] · recipe toy/cpu/sum · PASS",
+            "  fp64 vs fp32",
+            "  candidate ran: torch-sum-fp64",
+            "  case / result * err/bound * err/default * systematic * repeat * default * controls",
+            "  sum-n64-seed0",
+            "    pass *(total)*same*pass*1 fail, least *",
+            "  sum-n64-seed1",
+            "    pass *(total)*same*pass*1 fail, least *",
             f"  record: {pytester.path / 'records'}*toy-sum--cpu--fp64.json",
         ]
     )
+    assert "recipe verdicts" not in result.stdout.str()  # a recipe of another project: no verdict here
+    wide = run(pytester, "--results-dir", str(pytester.path / "records"), "--wide")
+    wide.stdout.fnmatch_lines(["  case * result * candidate ran * err/bound *inputs doubled err/bound",
+                               "  sum-n64-seed0 * pass * torch-sum-fp64 *"])
 
 
 def test_a_failing_case_reports_the_full_case_report(pytester):
@@ -190,7 +198,7 @@ def test_a_failing_case_reports_the_full_case_report(pytester):
             "  candidate * torch-sum-drops last * total *",
         ]
     )
-    result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] drops last vs fp32 · recipe toy/cpu/sum · FAIL"])
+    result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] · recipe toy/cpu/sum · FAIL", "  drops last vs fp32"])
     assert read_record(records / "toy/cpu/sum/toy-sum--cpu--drops last.json")["verdict"] == "fail"
 
 
@@ -209,7 +217,7 @@ def test_a_case_that_raises_is_a_failed_case_in_the_record_and_the_lever_fails(p
     records = pytester.path / "records"
     result = run(pytester, "--results-dir", str(records))
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] fp64 vs fp32 · recipe toy/cpu/sum · FAIL",
+    result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] · recipe toy/cpu/sum · FAIL",
                                  "  error in sum-corrupt: ValueError: layer-00.safetensors: header too large"])
     record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
     assert record["verdict"] == "fail"
@@ -224,7 +232,7 @@ def test_a_run_of_some_cases_only_is_incomplete(pytester):
     result = run(pytester, "--results-dir", str(records), "-k", "seed0")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "*toy-sum [[]cpu[]] fp64 vs fp32 · recipe toy/cpu/sum · INCOMPLETE",
+        "*toy-sum [[]cpu[]] · recipe toy/cpu/sum · INCOMPLETE",
         "  INCOMPLETE: 1 declared case(s) not in this run (deselected or interrupted): sum-n64-seed1",
     ])
     record = read_record(records / "toy/cpu/sum/toy-sum--cpu--fp64.json")
@@ -322,7 +330,37 @@ def test_a_systematic_error_is_reported_and_fails_only_with_strict_systematic(py
     toy_project(pytester, lever_test("one_scaled_lever"))
     plain = run(pytester, "--results-dir", str(pytester.path / "plain"))
     plain.assert_outcomes(passed=2)
-    plain.stdout.fnmatch_lines(["*sum-n64-seed0*pass*FLAGGED total*"])
+    plain.stdout.fnmatch_lines(["  sum-n64-seed0", "    pass*FLAGGED total*"])
     strict = run(pytester, "--strict-systematic", "--results-dir", str(pytester.path / "strict"))
     strict.assert_outcomes(failed=2)
     strict.stdout.fnmatch_lines(["*candidate total: systematic error (whole): slope +1.0*"])
+
+
+def test_levers_selects_the_named_levers_tests_and_their_marker_names_a_lever_that_does_not_apply(pytester):
+    toy_project(pytester, lever_test("one_good_lever").replace("factory=one_good_lever", "factory=one_good_lever, lever='toy-sum'")
+                + "\n\ndef not_here(options):\n    raise NotApplicable('no toy here')\n\n\n"
+                + lever_test("not_here").replace("factory=not_here", "factory=not_here, lever='rope-fusion'")
+                .replace("def test_sum", "def test_rope"))
+    (pytester.path / "test_toy.py").write_text("from correctness.lever import NotApplicable\n"
+                                               + (pytester.path / "test_toy.py").read_text())
+    result = run(pytester, "--collect-only", "-q", "--levers", "rope-fusion")
+    result.stdout.fnmatch_lines(["test_toy.py::test_rope[[]not-applicable[]]", "*1/3 tests collected (2 deselected)*"])
+    assert run(pytester, "--collect-only", "-q", "--levers", "no-such-lever").ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_a_factory_that_builds_a_lever_its_marker_does_not_declare_is_a_usage_error(pytester):
+    toy_project(pytester, lever_test("one_good_lever").replace("factory=one_good_lever", "factory=one_good_lever, lever='fp8'"))
+    result = run(pytester, "--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["E   *UsageError: test_toy.py::test_sum: its factory builds toy-sum, which its marker"
+                                 " does not declare (fp8)"])
+
+
+def test_every_component_test_of_the_suite_declares_its_lever():
+    import ast
+    from correctness.fixtures import COMPONENT_TESTS_DIR
+
+    for module in COMPONENT_TESTS_DIR.glob("test_*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "levers":
+                assert "lever" in {keyword.arg for keyword in node.keywords}, f"{module.name}:{node.lineno}"

@@ -139,23 +139,61 @@ def write_recipe(tmp_path, data, name="broken.yaml"):
     return path
 
 
-def test_a_recipe_outside_fixtures_is_named_by_its_file(tmp_path):
+def test_a_recipe_outside_a_recipes_tree_is_named_by_its_model_gpu_and_file(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path, valid_recipe(), name="my-recipe.yaml"))
-    assert recipe.id == "my-recipe"
+    assert recipe.id == "gemma-4-31b/h100/my-recipe"
     assert recipe.tp == 2 and recipe.argument("--qkv-format") == ["bshd"]
+    assert load_recipe(write_recipe(tmp_path, valid_recipe(), name="recipe.yaml")).id == "gemma-4-31b/h100/recipe"
+
+
+@pytest.mark.parametrize("model", ["Qwen3-32B", "qwen3_32b", "QWEN3.32B"])
+def test_an_id_built_from_fields_writes_the_model_and_gpu_as_compared(tmp_path, model):
+    data = valid_recipe(model=model, gpu={"type": "h100"})
+    assert load_recipe(write_recipe(tmp_path, data, name="My_Recipe.yaml")).id == "qwen3-32b/h100/My_Recipe"
+
+
+@pytest.mark.parametrize("folders", ["recipes/gemma-4-31b/h100", "recipes/GEMMA_4_31B/H100", "a/b/recipes/gemma-4-31b/h100"])
+def test_a_recipe_in_a_recipes_tree_of_its_model_and_gpu_takes_its_path_there(tmp_path, folders):
+    (tmp_path / folders).mkdir(parents=True)
+    recipe = load_recipe(write_recipe(tmp_path, valid_recipe(), name=f"{folders}/mine.yaml"))
+    assert recipe.id == f"{'/'.join(folders.split('/')[-2:])}/mine"
+
+
+@pytest.mark.parametrize("folders", ["recipes/qwen3-32b/h100", "recipes/gemma-4-31b/h200", "stuff/gemma-4-31b/h100"])
+def test_a_recipe_in_a_tree_that_does_not_name_its_model_and_gpu_takes_its_fields(tmp_path, folders):
+    """A misplaced file never takes another model's id, nor that model's claims and references."""
+    (tmp_path / folders).mkdir(parents=True)
+    assert load_recipe(write_recipe(tmp_path, valid_recipe(), name=f"{folders}/mine.yaml")).id == "gemma-4-31b/h100/mine"
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda data: data.pop("model"), "missing field model, which its id (<model>/<gpu>/<file name>) is built from"),
+    (lambda data: data.pop("gpu"), "missing field gpu.type, which its id (<model>/<gpu>/<file name>) is built from"),
+    (lambda data: data.update(gpu={"type": 100}), "field gpu.type must be a name, got 100"),
+    (lambda data: data.update(model="Gemma/4"), "its model cannot name a results folder (its id would be 'gemma/4/h100/broken')"),
+    (lambda data: data.update(model="", gpu={"type": "H/100"}),
+     "its model and gpu.type cannot name a results folder (its id would be '/h/100/broken')"),
+])
+def test_a_recipe_without_a_model_and_gpu_that_name_a_folder_is_refused_in_one_line(tmp_path, edit, message):
+    data = valid_recipe()
+    edit(data)
+    path = write_recipe(tmp_path, data)
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(path)
+    assert str(refused.value) == f"recipe {path}: {message}"
 
 
 def test_a_missing_field_is_named_by_its_dotted_path(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path, valid_recipe(layout={"rows_per_microbatch": 1})))
-    with pytest.raises(RecipeError, match=r"^recipe broken: missing field layout\.tp$"):
+    with pytest.raises(RecipeError, match=r"^recipe gemma-4-31b/h100/broken: missing field layout\.tp$"):
         recipe.tp
 
 
 def test_a_missing_parent_field_is_named_by_the_full_dotted_path(tmp_path):
     data = valid_recipe()
-    del data["gpu"]
-    with pytest.raises(RecipeError, match=r"^recipe broken: missing field gpu\.type$"):
-        load_recipe(write_recipe(tmp_path, data)).gpu
+    del data["workload"]
+    with pytest.raises(RecipeError, match=r"^recipe gemma-4-31b/h100/broken: missing field workload\.row_tokens$"):
+        load_recipe(write_recipe(tmp_path, data)).row_tokens
 
 
 def test_malformed_yaml_names_the_file_and_line(tmp_path):
@@ -179,19 +217,19 @@ def test_a_missing_recipe_file_is_named(tmp_path):
 @pytest.mark.parametrize("tp", [0, -2, "2", True, 1.5])
 def test_tp_must_be_a_positive_integer(tmp_path, tp):
     recipe = load_recipe(write_recipe(tmp_path, valid_recipe(layout={"tp": tp, "rows_per_microbatch": 1})))
-    with pytest.raises(RecipeError, match=r"^recipe broken: field layout\.tp must be a positive integer, got "):
+    with pytest.raises(RecipeError, match=r"^recipe gemma-4-31b/h100/broken: field layout\.tp must be a positive integer, got "):
         recipe.tp
 
 
 def test_a_run_script_with_an_unbalanced_quote_names_the_recipe(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path, valid_recipe(run='python3 train.py --name "unclosed\n')))
-    with pytest.raises(RecipeError, match=r"^recipe broken: field run cannot be split into words"):
+    with pytest.raises(RecipeError, match=r"^recipe gemma-4-31b/h100/broken: field run cannot be split into words"):
         recipe.argument("--name")
 
 
 def test_a_run_field_that_is_not_a_script_is_refused(tmp_path):
     recipe = load_recipe(write_recipe(tmp_path, valid_recipe(run=["python3", "train.py"])))
-    with pytest.raises(RecipeError, match="^recipe broken: field run must be a script, got list$"):
+    with pytest.raises(RecipeError, match="^recipe gemma-4-31b/h100/broken: field run must be a script, got list$"):
         recipe.argument("--tp")
 
 

@@ -11,20 +11,27 @@ import pytest
 import torch
 
 from correctness.distributed import DistributedError, run_ranks
-from correctness.harness import run_case, run_lever
+from correctness.harness import run_candidates, run_case, run_lever
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.reduction import lever as reduction
 from correctness.reduction.plan import (
+    FP32_ACCUMULATION,
+    HOPS_THROUGH_FP8,
     LARGE_FACTOR,
     LARGE_RANK,
+    RANK_DROPPED,
     SHARED,
+    TRUNCATED,
+    RankPath,
     buffer_layout,
     draw_plan,
     rank_gradients,
 )
 from correctness.reduction.ranks import from_portable, reduce_on_ranks
-from correctness.results import read_record, record_to_json, stated_fields_disagree, write_record
+from correctness.reduction.wrong import WRONG_IMPLEMENTATIONS
+from correctness.results import FORMAT_LIMITED, read_record, record_to_json, stated_fields_disagree, write_record
 from references.gradient_sum import fp64_sum
+from references.rounding import round_to_nearest
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
@@ -88,6 +95,8 @@ def test_rank_gradients_are_seeded_correlated_and_one_rank_larger():
     ratio = float((factors[:, LARGE_RANK].log().mean() - factors[:, 0].log().mean()).exp())
     assert abs(ratio / LARGE_FACTOR - 1) < 0.15  # rank LARGE_RANK's gradients LARGE_FACTOR x the others' (geometric means)
     assert dict(plan.dropped) == {dp: min(range(dp), key=lambda r: plan.rank_factors[r]) for dp in (2, 4, 8)}
+    assert draw_plan(seed=5, specs=(("b", (9,)),), dp_sizes=(1, 2), collective="all-reduce", per_token_loss=True,
+                     device="cpu").dropped_rank(1) == 0  # at DP 1 the control drops the only rank
     other = draw_plan(seed=6, specs=(("w", (256, 512)), ("b", (9,))), dp_sizes=(2,), collective="all-reduce",
                       per_token_loss=True, device="cpu")
     assert not torch.equal(rank_gradients(other, 0)["w"], first[0]["w"])
@@ -158,7 +167,7 @@ def megatron_sync_with_a_shifted_layout(rank, world_size, plan):
     group = dist.new_group(list(range(world_size)))
     tp_groups = [dist.new_group([member]) for member in range(world_size)]
     return grad_sync(rank_gradients(plan, rank), plan, shifted, torch.float32, group, tp_groups[rank],
-                     torch.device("cpu"), drop=False)
+                     torch.device("cpu"))
 
 
 @pytest.mark.parametrize("collective", ["reduce-scatter", "all-reduce"])
@@ -198,13 +207,18 @@ def test_a_buffer_megatron_lays_out_otherwise_than_the_plan_fails_the_rank():
 # --- the lever end to end ----------------------------------------------------------------------
 
 
-def test_cpu_tier_on_nemotron_fails_bf16_and_every_control(tmp_path):
+def test_cpu_tier_on_nemotron_is_format_limited_with_every_control_outside_the_format_bound(tmp_path):
+    """BF16 reduction is outside the rule (2 x FP32's error + 1e-3) on every tensor, and so is its
+    BF16 floor: the candidate is within 2 x the floor's error + 1e-3, unbiased against it, and the
+    dropped rank is outside that bound: format-limited."""
     (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    assert lever.format_floor is reduction.BF16_FLOOR
     record = run_lever(lever)
     (case,) = record.cases
-    assert record.verdict == "fail"  # BF16 reduction is outside 2 x FP32's error + 1e-3 (README)
-    assert case.failures and all(f.startswith("candidate") and "> bound" in f for f in case.failures)
-    assert case.deterministic and case.default_repeat.passes
+    assert record.verdict == FORMAT_LIMITED and case.status == FORMAT_LIMITED, case.failures
+    assert case.failures == () and case.deterministic and case.default_repeat.passes
+    assert case.format.findings == () and case.format.systematic == ()
+    assert len(case.format.floor_fails_rule) == len(case.candidate.tensors)
     control = case.controls[0]
     assert control.name == "one rank dropped" and control.judgement is not None and control.fails_bound
     for dp in (2, 4, 8):
@@ -214,13 +228,73 @@ def test_cpu_tier_on_nemotron_fails_bf16_and_every_control(tmp_path):
         assert 1e-3 < figures["pooled_candidate_error"] < 1e-2
         assert 1e-3 < figures["pooled_candidate_error_against_rounded_inputs"] < figures["pooled_candidate_error"]
         assert figures["control_least_tensor_power"] > 10.0
+        against_floor = figures["format"]
+        assert against_floor["floor_fails_rule_on"] == figures["tensors"]
+        assert 1.5e-3 < against_floor["pooled_floor_error"] <= figures["pooled_candidate_error"]
+        assert against_floor["worst_error_over_format_bound"] < 1.0
+        assert against_floor["controls"]["one rank dropped"]["least_tensor_power"] > 5.0
+    # two ranks: one FP32 addition of two BF16 values, rounded once, is the floor itself
+    assert case.summary["dp2"]["format"]["pooled_floor_error"] == case.summary["dp2"]["pooled_candidate_error"]
     assert case.summary["dp2"]["pooled_candidate_error"] < case.summary["dp8"]["pooled_candidate_error"]
     details = case.candidate.run.details
     assert details["ranks"] == 8 and details["collective"] == "reduce-scatter" and details["backend"] == "gloo"
     assert details["plan"]["dropped"] == {f"dp{dp}": rank for dp, rank in lever.cases[0].make_inputs("cpu").plan.dropped}
     data = record_to_json(record)
     assert stated_fields_disagree(data) is None
-    assert read_record(write_record(data, tmp_path))["verdict"] == "fail"
+    assert read_record(write_record(data, tmp_path))["verdict"] == FORMAT_LIMITED
+
+
+def test_the_floor_rounds_each_scaled_gradient_and_the_sum_once():
+    """The floor is the FP64 sum with exactly two roundings to BF16, each correctly rounded (torch's
+    FP64-to-BF16 cast rounds twice, through FP32)."""
+    tie_after_fp32 = torch.tensor([1 + 2**-8 + 2**-30], dtype=torch.float64)
+    assert round_to_nearest(tie_after_fp32, torch.bfloat16).item() == 1 + 2**-7
+    assert tie_after_fp32.to(torch.bfloat16).item() == 1.0
+    grads = [torch.tensor([1.0, 3.0]), torch.tensor([2**-9, 2**-8 + 2**-16])]
+    floored = fp64_sum(grads, 1.0, rounding=lambda x: round_to_nearest(x, torch.bfloat16))
+    # 2^-8 + 2^-16 is a tie, to even 2^-8; the sums 1 + 2^-9 and 3 + 2^-8 round to 1 and 3
+    assert floored.dtype == torch.float64 and floored.tolist() == [1.0, 3.0]
+    assert fp64_sum(grads, 0.5, rounding=lambda x: x).tolist() == fp64_sum(grads, 0.5).tolist()
+
+
+def small_case(dp_sizes=(1, 2, 4)):
+    """The Nemotron case's tensors, collective and scaling reduced at DP 1, 2 and 4 (4 ranks): the
+    lever's own paths, floor and control on a smaller run."""
+    (lever,) = reduction.cpu_tier(NEMOTRON, LeverOptions())
+    case = lever.cases[0]
+    shape = case.shape
+    plan = draw_plan(seed=0, specs=shape.tensors, dp_sizes=dp_sizes, collective=shape.collective,
+                     per_token_loss=shape.per_token_loss, device="cpu")
+    small = dataclasses.replace(case, id=f"{case.id}-dp1+2+4",
+                                make_inputs=lambda device: reduction.ReductionInputs(shape=shape, plan=plan))
+    return dataclasses.replace(lever, cases=(small,)), small
+
+
+def test_wrong_bf16_reductions_fail_where_the_honest_one_is_format_limited():
+    """Truncation into the buffer is biased beyond the floor's rounding; a dropped rank (at DP 1 the
+    only one) and FP8 at each hop are worse than BF16 allows; Megatron's own reduce-scatter with
+    FP32 accumulation, the implementation the floor stands for, is the floor bit for bit."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    lever, case = small_case()
+    fp32_accumulation = reduction.GradSync(
+        "bf16 reduce-scatter with fp32 accumulation", "fp32 accumulation", "bf16",
+        rank_path=RankPath(name="fp32 accumulation", dtype="bf16", runs=2, variant=FP32_ACCUMULATION))
+    wrong = {w.name: w.build(lever.candidate) for w in WRONG_IMPLEMENTATIONS}
+    honest, truncated, dropped, fp8_hops, accumulated = run_candidates(
+        lever, case, [lever.candidate, *wrong.values(), fp32_accumulation], repeat=False)
+    assert set(wrong) == {TRUNCATED, RANK_DROPPED, HOPS_THROUGH_FP8}
+    assert honest.status == FORMAT_LIMITED, honest.failures
+    for result in (truncated, dropped, fp8_hops):
+        assert result.status == "fail" and result.format.outside_rule == ()
+    assert truncated.format.systematic and any(
+        "biased beyond the BF16 floor's rounding" in finding for finding in truncated.format.findings)
+    assert {t.split("/")[0] for t in truncated.format.systematic} == {"dp1", "dp2", "dp4"}
+    assert any("worse than BF16 allows" in finding for finding in dropped.format.findings)
+    assert any(finding.startswith("candidate against the BF16 floor dp1/") for finding in dropped.format.findings)
+    assert any("worse than BF16 allows" in finding for finding in fp8_hops.format.findings)
+    assert not any("dp1/" in finding for finding in fp8_hops.format.findings)  # no hop at DP 1
+    assert accumulated.status == FORMAT_LIMITED
+    assert all(t.bitwise_identical for t in accumulated.format.candidate.tensors)
 
 
 def test_without_megatron_core_the_case_skips_with_the_reason(monkeypatch):

@@ -1,7 +1,10 @@
-"""The moe-router-dtype lever: its FP64 reference against a token-by-token loop, the recipe's router
-settings and their sources, Megatron's TopKRouter on the CPU against the reference, and the lever
-end to end at a small shape (BF16 logits fail with only tensors outside the bound, every control
-fails, an FP64 router passes against FP32)."""
+"""The moe-router-dtype lever: its FP64 reference against a token-by-token loop, its BF16 format
+floor (the reference from the rounded logits), the recipe's router settings and their sources,
+Megatron's TopKRouter on the CPU against the reference, and the lever end to end at a small shape:
+BF16 logits with softmax scoring are format-limited and every control fails the format bound;
+Megatron's sigmoid routing, which rounds its scores to BF16 again, fails as biased beyond the floor;
+the wrong BF16 implementations (truncated logits, a split-K reduction in BF16) fail where the honest
+router is format-limited; an FP64 router passes against FP32."""
 
 from dataclasses import replace
 from functools import partial
@@ -10,14 +13,16 @@ import pytest
 import torch
 
 from correctness import LeverOptions
-from correctness.harness import run_case
+from correctness.harness import run_candidates, run_case
 from correctness.lever import Case, NotApplicable
 from correctness.models import facts_for
 from correctness.recipes import lever_recipe
 from correctness.router import lever as router
+from correctness.router.floor import Fp64Routing
 from correctness.router.inputs import make_inputs
-from correctness.router.megatron_router import MegatronRouter
+from correctness.router.megatron_router import LOGITS_SPLIT_K, LOGITS_TRUNCATED, MegatronRouter
 from correctness.router.settings import router_settings
+from correctness.router.wrong import WRONG_IMPLEMENTATIONS
 from references.router import route
 
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
@@ -108,13 +113,70 @@ def test_megatron_fp32_router_matches_the_reference():
     assert output.details["routing"]["expert_set_changed"] == 0
 
 
-def test_bf16_logits_fail_only_outside_the_bound_and_every_control_fails():
+def test_the_floor_is_the_reference_routing_of_the_rounded_logits():
+    lever = small(router.cpu_tier(QWEN3_MOE, LeverOptions())[0])
+    inputs = lever.cases[0].make_inputs(torch.device("cpu"))
+    floor = lever.format_floor.path.run(inputs).tensors
+    rounded = inputs.reference["logits"].to(torch.bfloat16).double()
+    shape = inputs.shape
+    from_rounded = route(rounded, torch.eye(shape.experts, dtype=torch.float64), top_k=shape.top_k,
+                         score_function=shape.score_function, pre_softmax=shape.pre_softmax)
+    assert torch.equal(floor["logits"].double(), rounded)
+    assert torch.equal(floor["combination_weights"].double(), from_rounded["weights"].to(torch.bfloat16).double())
+    assert all(tensor.dtype == torch.float32 for tensor in floor.values())
+    assert router.cpu_tier(QWEN3_MOE, LeverOptions(), candidate_dtype="fp64")[0].format_floor is None
+
+
+@pytest.fixture(scope="module")
+def softmax_results():
+    """The honest BF16 router and the wrong BF16 implementations at a small Qwen3 case (softmax)."""
+    lever = small(router.cpu_tier(QWEN3_MOE, LeverOptions())[0])
+    paths = [lever.candidate, *(wrong.build(lever.candidate) for wrong in WRONG_IMPLEMENTATIONS)]
+    return dict(zip(["honest", *(wrong.name for wrong in WRONG_IMPLEMENTATIONS)],
+                    run_candidates(lever, lever.cases[0], paths, repeat=False)))
+
+
+def test_bf16_logits_with_softmax_scoring_are_format_limited(softmax_results):
+    result = softmax_results["honest"]
+    assert result.status == "format-limited", result.failures + list(result.format.findings)
+    assert result.format.outside_rule and "logits" in result.format.floor_fails_rule
+    assert len(result.format.controls) == 3 and all(control.fails for control in result.format.controls)
+
+
+def test_wrong_bf16_logits_fail_where_the_honest_router_is_format_limited(softmax_results):
+    truncated = softmax_results[LOGITS_TRUNCATED]
+    assert truncated.status == "fail"
+    assert any(line.startswith("candidate logits: systematic error") and "biased beyond the BF16 floor" in line
+               for line in truncated.format.findings), truncated.format.findings
+    split_k = softmax_results[LOGITS_SPLIT_K]
+    assert split_k.status == "fail"
+    assert any(line.startswith("candidate against the BF16 floor logits: error") and "worse than BF16 allows" in line
+               for line in split_k.format.findings), split_k.format.findings
+
+
+def test_megatron_sigmoid_routing_is_the_floors_routing_token_by_token():
+    """Megatron's unfused sigmoid routing casts its FP32 sigmoid scores back to the logits' BF16
+    (moe_utils.topk_routing_with_score_function), as the floor's BF16 score tensor is: its choice is
+    the floor's, token by token, where the logits' rounding alone would change fewer expert sets."""
+    lever = small(router.cpu_tier(NEMOTRON, LeverOptions())[0])
+    inputs = lever.cases[0].make_inputs(torch.device("cpu"))
+    chosen = MegatronRouter(None).run(inputs).tensors["combination_weights"] != 0
+    floor = lever.format_floor.path.run(inputs).tensors["combination_weights"] != 0
+    assert torch.equal(chosen, floor)
+    logits_only = inputs.routed(round_logits=lambda logits: logits.to(torch.bfloat16))["chosen"]
+    changed = {name: int((routing != inputs.reference["chosen"]).any(dim=-1).sum()) for name, routing in
+               (("candidate", chosen), ("logits only", logits_only))}
+    assert changed["candidate"] > changed["logits only"] > 0, changed
+
+
+def test_bf16_sigmoid_routing_is_format_limited_and_every_control_fails_the_format_bound():
     lever = small(router.cpu_tier(NEMOTRON, LeverOptions())[0])
     result = run_case(lever, lever.cases[0])
-    assert result.status == "fail"
-    assert all(" > bound " in line for line in result.failures), result.failures
+    assert result.status == "format-limited", result.failures + list(result.format.findings)
     applied = [c for c in result.controls if c.judgement is not None]
-    assert len(applied) == 4 and all(not c.judgement.passes for c in applied)
+    assert [c.name for c in applied] == [c.name for c in result.format.controls]
+    assert "top-k one less" not in [c.name for c in applied]  # top-22: within BF16 routing's own error
+    assert all(control.fails for control in result.format.controls)
     figures = result.summary["expert_set_vs_fp64"]
     assert figures["default"]["expert_set_changed"] == 0
     assert figures["candidate"]["expert_set_changed"] > 0
@@ -124,4 +186,5 @@ def test_an_fp64_router_passes_against_fp32():
     lever = small(router.cpu_tier(QWEN3_MOE, LeverOptions(), candidate_dtype="fp64")[0])
     result = run_case(lever, lever.cases[0])
     assert result.status == "pass", result.failures
+    assert result.format is None
     assert lever.description.startswith("Megatron's MoE router with its logits in FP64 against FP32")

@@ -30,9 +30,19 @@ for BF16 masters), and FP32 masters kept as BF16 parameters plus int16 remainder
 defaults to True), plus the recipe's own combination where it asks for another one.
 
 Tiers: "cpu" (smoke scale: `EmulatedFusedAdam`, a named stand-in for TE's kernel) and the recipe's
-GPU (recipe scale: TE FusedAdam itself). Negative controls: no bias correction, the moments
-re-initialised to zero before every step (the state lost between steps instead of rounded), and, on cases with FP16 or
-FP8 moments, the moments stored without their per-tensor scale.
+GPU (recipe scale: TE FusedAdam itself). Negative controls: no bias correction (not on FP16-master
+cases, below), the moments re-initialised to zero before every step (the state lost between steps
+instead of rounded), and, on cases with FP16 or FP8 moments, the moments stored without their
+per-tensor scale.
+
+Format floor (correctness.adam_precision.floor, both tiers): each case's own state dtypes applied
+to the FP64 reference, every state stored as the candidate stores it between steps and nothing else
+rounded. A case whose candidate fails the rule only as its format must (BF16 and FP8 moments, FP16
+masters) is `format-limited`. With FP16 masters the update is lost in the masters' own rounding (the
+floor's update error is 1.3-1.7 times the update pooled), so a mistake of the update's own size is
+within the format bound: the no-bias-correction control, whose power against that bound is 0.50-0.51
+(as a candidate it is format-limited itself), is not applied there; the moments-zeroed control
+keeps a power of 900 or more. Wrong implementations in the same format: correctness.adam_precision.wrong.
 """
 
 import itertools
@@ -41,10 +51,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from correctness import tiers
+from correctness.adam_precision.floor import FORMAT, ROUNDINGS, Fp64StoredAdamW
 from correctness.adam_precision.paths import EmulatedFusedAdam, StateDtypes, TeFusedAdamState
 from correctness.adam_precision.state import MASTER_FORMATS, MOMENT_FORMATS
 from correctness.errors import RecipeError
-from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, NotApplicable, Streamed, Tier
+from correctness.lever import (
+    Case, Control, FormatFloor, Implementation, Lever, LeverOptions, NotApplicable, Streamed, Tier,
+)
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks
 from correctness.optimizer.layout import RECIPE, SMOKE, ParamScale
 from correctness.optimizer.lever import OffloadSetting, offload_setting, share_summary
@@ -54,7 +67,7 @@ from correctness.optimizer.synthetic_values import synthetic_slice
 from correctness.recipes import Recipe
 
 NAME = "precision-aware-adam"
-VERSION = 1
+VERSION = 2
 SYNTHETIC_SEED = 0
 # Iterations 1-5 of the recipe's schedule (lr 0, the warmup to the peak, then the cosine): five
 # roundings of each moment and four updates, each step reading the state the last one rounded, so
@@ -268,6 +281,15 @@ def _unscaled_inapplicable(case: Case) -> str | None:
             f" {shape.exp_avg_sq_dtype}): only FP16 and FP8 moments are scaled")
 
 
+def _bias_correction_unseen(case: Case) -> str | None:
+    if case.shape.master_dtype != "fp16":
+        return None
+    return ("with FP16 masters each step's update (5e-6 to 1e-5 of the weights) is below the masters' own FP16"
+            " rounding (the format floor's update error is 0.58 to 75 times the update, per tensor), and the bias"
+            " correction changes only the update, by about its own size: within the format bound (power 0.50-0.51"
+            " against it as measured); the moments-zeroed control keeps its power here")
+
+
 def precision_lever(
     setting: OffloadSetting, *, tier: Tier, path: Callable[..., Implementation], keep_units: bool
 ) -> Lever:
@@ -292,7 +314,8 @@ def precision_lever(
         default=OnUnit(path(StateDtypes())), reference=shared(Fp64AdamW()),
         controls=(
             Control(name="no bias correction", path=ByCase(
-                make=lambda dtypes: path(dtypes, bias_correction=False), label=f"{family} (no bias correction)")),
+                make=lambda dtypes: path(dtypes, bias_correction=False), label=f"{family} (no bias correction)"),
+                why_inapplicable=_bias_correction_unseen),
             Control(name="moments zeroed before each step", path=ByCase(
                 make=lambda dtypes: path(dtypes, zero_moments=True),
                 label=f"{family} (moments zeroed before each step)")),
@@ -301,6 +324,8 @@ def precision_lever(
                 why_inapplicable=_unscaled_inapplicable),
         ),
         secondary_references=(shared(Fp64AdamW(fp32_hyperparameters=True)),),
+        format_floor=FormatFloor(format=FORMAT, roundings=ROUNDINGS, path=ByCase(
+            make=Fp64StoredAdamW, label="fp64-adamw-state-stored-in-the-case-dtypes")),
         summarize=share_summary(gpu_names, {p.name: p.numel for p in setting.slices}),
         cpu_threads=1 if tier.device == "cpu" else None,
     )

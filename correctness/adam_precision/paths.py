@@ -28,6 +28,12 @@ Negative controls (switches of both paths): `bias_correction=False`; `zero_momen
 moments re-initialised to zero before every step (the state lost between steps instead of kept
 rounded; the step counter, and so the bias correction, goes on); `scaled=False`,
 the FP16 and FP8 moments stored without their per-tensor scale.
+
+Wrong implementations in the candidate's own format (`mistake`, the CPU stand-in only; declared in
+correctness.adam_precision.wrong): every lowered state truncated toward zero instead of rounded to
+nearest even (TRUNCATED); the moments rounded twice per step, through FP8 E4M3 (TE's per-tensor
+scale) before their own format (THROUGH_FP8); the third step lost, its gradient never applied while
+the step count goes on (STEP_LOST).
 """
 
 from dataclasses import dataclass
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from correctness.adam_precision.state import (
-    STATE_FORMATS, StateFormat, join_remainder, load, split_remainder, state_format, store, zeros,
+    STATE_FORMATS, StateFormat, Stored, join_remainder, load, split_remainder, state_format, store, zeros,
 )
 from correctness.errors import PathUnavailable
 from correctness.lever import PathOutput
@@ -43,6 +49,11 @@ from correctness.optimizer.inputs import OptimizerUnit
 from correctness.optimizer.paths import QUANTITIES, clipped, fused_adam_arithmetic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+TRUNCATED = "lowered states truncated toward zero instead of rounded to nearest even"
+THROUGH_FP8 = "moments rounded twice per step, through FP8 E4M3 before their own format"
+STEP_LOST = "the third step lost (its gradient never applied, the step count going on)"
+MISTAKES = (TRUNCATED, THROUGH_FP8, STEP_LOST)
+LOST_STEP = 2  # 0-based: the third of the five, the first at the peak learning rate
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,8 @@ class StateDtypes:
                 f" --exp-avg-sq-dtype {self.exp_avg_sq}")
 
 
-def _outputs(unit: OptimizerUnit, master, bf16, exp_avg, exp_avg_sq) -> dict[str, torch.Tensor]:
+def named_outputs(unit: OptimizerUnit, master, bf16, exp_avg, exp_avg_sq) -> dict[str, torch.Tensor]:
+    """The unit's outputs by tensor name; the update in the master's dtype (FP64 for the floor)."""
     values = {
         "master": master,
         "update": master - unit.weights.float(),
@@ -97,10 +109,10 @@ def _outputs(unit: OptimizerUnit, master, bf16, exp_avg, exp_avg_sq) -> dict[str
     return {f"{unit.param.name}:{quantity}": values[quantity] for quantity in QUANTITIES}
 
 
-def _variant(bias_correction: bool, zero_moments: bool, scaled: bool) -> str:
+def _variant(bias_correction: bool, zero_moments: bool, scaled: bool, mistake: str | None = None) -> str:
     wrong = [text for text, on in (("no bias correction", not bias_correction),
                                    ("moments zeroed before each step", zero_moments),
-                                   ("moments stored unscaled", not scaled)) if on]
+                                   ("moments stored unscaled", not scaled), (mistake, mistake is not None)) if on]
     return "" if not wrong else f", {', '.join(wrong)}"
 
 
@@ -109,24 +121,38 @@ class EmulatedFusedAdam:
     """TE FusedAdam's step with its state in `dtypes`, emulated on the CPU: FP32 arithmetic per
     element (the offload lever's model of the kernel), each state stored rounded to its dtype after
     every step, FP16 and FP8 with TE's per-tensor scale (module docstring). It stands in for the
-    CUDA kernel; the recipe's GPU tier runs TE FusedAdam itself."""
+    CUDA kernel; the recipe's GPU tier runs TE FusedAdam itself. `mistake` (one of MISTAKES) makes
+    it a wrong implementation in the same format."""
 
     dtypes: StateDtypes
     bias_correction: bool = True
     zero_moments: bool = False
     scaled: bool = True
+    mistake: str | None = None
     family = "emulated-fused-adam"
+
+    def __post_init__(self):
+        if self.mistake is not None and self.mistake not in MISTAKES:
+            raise ValueError(f"unknown mistake {self.mistake!r}; known: {list(MISTAKES)}")
 
     @property
     def name(self) -> str:
         return f"{self.family}-{self.dtypes.label}"
 
+    def _moment_stored(self, name: str, values: torch.Tensor) -> Stored:
+        if self.mistake == THROUGH_FP8:
+            values = load(store(STATE_FORMATS["fp8"], values))
+        return store(self.dtypes.format(name), values, scaled=self.scaled, toward_zero=self.mistake == TRUNCATED)
+
     def run(self, unit: OptimizerUnit) -> PathOutput:
         master_format = self.dtypes.format("master_param")
-        master = store(master_format, unit.weights.float())
+        truncated = self.mistake == TRUNCATED
+        master = store(master_format, unit.weights.float(), toward_zero=truncated)
         p = unit.weights.float()
         moments = {name: zeros(self.dtypes.format(name), unit.weights.shape) for name in MOMENTS}
         for step, iteration in enumerate(unit.iterations()):
+            if self.mistake == STEP_LOST and step == LOST_STEP:
+                continue
             if self.zero_moments:
                 moments = {name: zeros(self.dtypes.format(name), unit.weights.shape) for name in MOMENTS}
             hyper = unit.config.hyperparameters(iteration, unit.weight_decay_multiplier)
@@ -136,15 +162,14 @@ class EmulatedFusedAdam:
             )
             # An FP32 master kept as remainders reads back exactly (join_remainder(split_remainder(p))
             # is p: a unit test holds it), so it is stored as FP32 here.
-            master = store(master_format, p)
-            for name, values in zip(MOMENTS, (m, v)):
-                moments[name] = store(self.dtypes.format(name), values, scaled=self.scaled)
+            master = store(master_format, p, toward_zero=truncated)
+            moments = {name: self._moment_stored(name, values) for name, values in zip(MOMENTS, (m, v))}
         # The BF16 parameter the last step wrote, from the FP32 master it computed.
         bf16 = split_remainder(p)[0] if self.dtypes.remainders else p.to(torch.bfloat16)
         return PathOutput(
-            tensors=_outputs(unit, load(master), bf16, load(moments["exp_avg"]), load(moments["exp_avg_sq"])),
+            tensors=named_outputs(unit, load(master), bf16, load(moments["exp_avg"]), load(moments["exp_avg_sq"])),
             backend=f"emulated TE FusedAdam (cpu stand-in for the CUDA kernel: fp32 math, {self.dtypes.label}"
-            + _variant(self.bias_correction, self.zero_moments, self.scaled) + ")",
+            + _variant(self.bias_correction, self.zero_moments, self.scaled, self.mistake) + ")",
         )
 
 
@@ -216,7 +241,7 @@ class TeFusedAdamState:
             master = optimizer.get_unscaled_state(param, "master_param").float().cpu()
         moments = [optimizer.get_unscaled_state(param, name).float().cpu() for name in MOMENTS]
         return PathOutput(
-            tensors=_outputs(unit, master, bf16, *moments),
+            tensors=named_outputs(unit, master, bf16, *moments),
             backend=f"TE FusedAdam (cuda, {self.dtypes.label}"
             + _variant(self.bias_correction, self.zero_moments, self.scaled) + ")",
             details={"transformer_engine": version},

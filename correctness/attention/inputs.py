@@ -50,6 +50,7 @@ import torch
 
 from correctness.errors import CaseInputError
 from correctness.attention.shapes import AttentionShape
+from correctness.model_config import same_model
 
 GAIN_SPREAD = 0.1  # std of the synthetic q_norm / k_norm gains around 1
 SINK_MEAN = 0.0  # the synthetic sink logits (see the module docstring)
@@ -180,7 +181,7 @@ def _metadata_mismatch(
     if layer is not None and stored_layer != layer:
         return f"captured from layer {stored_layer}, the case is layer {layer}"
     for name, value in expected.items():
-        if stored[name] != value:
+        if not (same_model(stored[name], value) if name == "model" else stored[name] == value):
             return f"{name} {stored[name]} in the capture, the case needs {value}"
     if not math.isclose(scale, shape.softmax_scale, rel_tol=1e-9):
         return f"softmax scale {scale} in the capture, the case needs {shape.softmax_scale}"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from correctness.errors import ShapeError
+from correctness.model_config import same_model
 from correctness.models import ModelFacts
 from correctness.recipes import Recipe
 
@@ -140,7 +141,7 @@ def qkv_format(recipe: Recipe) -> str:
 def attention_shape(
     recipe: Recipe, model: ModelFacts, kind: str, scale: Scale = RECIPE_SCALE, tp_rank: int = 0
 ) -> AttentionShape:
-    if recipe.model != model.name:
+    if not same_model(recipe.model, model.name):
         raise ShapeError(f"recipe {recipe.id} is for {recipe.model}, not {model.name}")
     facts = model.attention_kind(kind)
     tp = recipe.tp

@@ -61,6 +61,17 @@ def masked_softmax_fusion(recipe: Recipe) -> bool:
     return recipe.argument("--no-masked-softmax-fusion") is None
 
 
+def recipe_side(recipe: Recipe, candidate: MegatronAttention, default: MegatronAttention) -> str:
+    """Which path the recipe runs, by the settings in which candidate and default differ."""
+    settings = {"softmax_in_fp32": recipe.argument("--attention-softmax-in-fp32") is not None,
+                "masked_softmax_fusion": masked_softmax_fusion(recipe)}
+    differ = [name for name in settings if getattr(candidate, name) != getattr(default, name)]
+    for side, path in (("candidate", candidate), ("default", default)):
+        if all(getattr(path, name) == settings[name] for name in differ):
+            return side
+    return "neither"
+
+
 def applies(recipe: Recipe) -> None:
     """Raises NotApplicable where the recipe leaves the flag no BF16 softmax to choose."""
     if recipe.argument("--apply-query-key-layer-scaling") is not None:
@@ -94,7 +105,8 @@ def softmax_precision_lever(
         tier=tier,
         description=description,
         recipe=recipe.ref_for(model),
-        cases=attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS),
+        cases=tuple(replace(case, recipe_runs=recipe_side(recipe, candidate, default))
+                    for case in attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS)),
         candidate=candidate,
         default=default,
         reference=Fp64Reference(),

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from correctness.report import TABLE_WIDTH, fit_lines
+
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: the shell's status for a process SIGPIPE ended
 
@@ -33,13 +35,19 @@ def drop_stdout() -> None:
         os.close(devnull)
 
 
+def table_width(args: argparse.Namespace, indent: int = 2) -> int | None:
+    """The width a command's table is cut to (None with --wide: every cell whole)."""
+    return None if getattr(args, "wide", False) else TABLE_WIDTH - indent
+
+
 def emit(args: argparse.Namespace, lines: Sequence[str], data: Any) -> None:
-    """Print the human form, or with --json the machine-readable one. A reader that has gone away
-    (`| head`) is no error: the command's work is done, and its exit status stands."""
+    """Print the human form, its lines wrapped at LINE_WIDTH (not with --wide), or with --json the
+    machine-readable one. A reader that has gone away (`| head`) is no error: the command's work is
+    done, and its exit status stands."""
     if getattr(args, "json", False):
         text = json.dumps(data, indent=1, allow_nan=False, default=str)
     else:
-        text = "\n".join(lines)
+        text = "\n".join(lines if getattr(args, "wide", False) else fit_lines(lines))
     try:
         print(text, flush=True)
     except BrokenPipeError:

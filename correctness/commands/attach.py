@@ -10,7 +10,7 @@ refused and the recipe left untouched. Exit status: 0 attached, 2 refused or bad
 
 from correctness.attach import attach
 from correctness.commands import EXIT_OK, emit
-from correctness.report import format_table
+from correctness.report import LINE_WIDTH, format_table
 
 
 def add_arguments(parser) -> None:
@@ -24,7 +24,7 @@ def run(args) -> int:
     *records, recipe = args.files
     done = attach(recipe, records, dry_run=args.dry_run)
     rows = [[item.action + (" (dry run)" if args.dry_run else ""), item.test, item.gpu, item.result] for item in done]
-    emit(args, format_table(["action", "test", "gpu", "result"], rows), {
+    emit(args, format_table(["action", "test", "gpu", "result"], rows, LINE_WIDTH), {
         "recipe": recipe, "dry_run": args.dry_run,
         "entries": [{"action": i.action, "test": i.test, "gpu": i.gpu, "result": i.result} for i in done],
     })

@@ -3,14 +3,17 @@
     correctness check RECIPE.yaml [--reference REFERENCE.yaml] [--model-config CONFIG] [--json]
 
 Validates the recipe against the schema, classes its changed training arguments against its
-reference (as `correctness classify`), lists the component test each numerics change needs and
-whether a result run on the recipe's GPU is attached and passing, and reads the convergence
-block. Exit status: 0 everything passes; 1 something fails or is missing; 2 bad input, a recipe
+reference (as `correctness classify`; without a reference, its numerics arguments against
+Megatron's defaults, as `correctness run` judges them, and the configuration stays incomplete),
+lists the component test each numerics change needs and whether a result run on the recipe's GPU
+is attached and passing (a CPU tier's result is shown beside it as CPU evidence, never counted for
+the recipe's GPU; a format-limited result counts only with a passing convergence block), and reads
+the convergence block. Exit status: 0 everything passes; 1 something fails or is missing; 2 bad input, a recipe
 whose model has no model facts included (no verdict without them: see correctness.check.check_recipe).
 """
 
 from correctness.check import PASS, check_recipe
-from correctness.commands import EXIT_FAIL, EXIT_OK, emit
+from correctness.commands import EXIT_FAIL, EXIT_OK, emit, table_width
 from correctness.report import format_table
 
 
@@ -27,6 +30,6 @@ def run(args) -> int:
     claimed = f" (the recipe says {result.claimed})" if result.claimed and result.claimed != result.verdict else ""
     lines = [f"check {result.recipe}: {result.verdict.upper()}{claimed}"]
     rows = [[finding.part, finding.status, finding.detail] for finding in result.findings]
-    lines += ["  " + line for line in format_table(["part", "status", "detail"], rows)]
+    lines += ["  " + line for line in format_table(["part", "status", "detail"], rows, table_width(args))]
     emit(args, lines, result.to_dict())
     return EXIT_OK if result.verdict == PASS else EXIT_FAIL

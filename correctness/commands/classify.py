@@ -21,9 +21,9 @@ recipe, no run script, no correctness block where a lever result is needed, a mi
 """
 
 import argparse
-from pathlib import Path
 
 from correctness.classify import (
+    COVERED,
     ERROR,
     FAILED,
     MISSING,
@@ -35,12 +35,14 @@ from correctness.classify import (
     classify_recipe,
     load_rules,
 )
-from correctness.commands import EXIT_FAIL, EXIT_OK, emit
+from correctness.commands import EXIT_FAIL, EXIT_OK, emit, table_width
+from correctness.files import shown_path
 from correctness.recipes import load_recipe
 from correctness.report import format_table
-from correctness.results import FAIL, NO_KERNEL_CHANGE, PASS
+from correctness.entries import format_limited_sentence
+from correctness.results import FAIL, FORMAT_LIMITED
 
-RESULT_CELLS = {OK: "-", ERROR: "ERROR", REVIEW: "REVIEW"}  # rows without a lever
+RESULT_CELLS = {OK: "-", ERROR: "ERROR", REVIEW: "REVIEW", COVERED: "convergence"}  # rows without a lever
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,33 +82,32 @@ def _need(change: Change) -> str:
         failed = [lever for lever in change.levers if change.result_of(lever) == FAIL]
         return f"the {' and '.join(failed)} component test{'s' if len(failed) > 1 else ''} failed"
     if change.outcome == MISSING:
-        missing = [lever for lever in change.levers if change.result_of(lever) not in (PASS, NO_KERNEL_CHANGE)]
-        return (f"needs a passing {' and a passing '.join(missing)} component test in"
-                " correctness.component_tests")
+        limited = [lever for lever in change.levers if change.result_of(lever) == FORMAT_LIMITED]
+        missing = [lever for lever in change.levers if not change.covers(change.result_of(lever)) and lever not in limited]
+        needs = [f"a passing {' and a passing '.join(missing)} component test in correctness.component_tests"] if missing else []
+        needs += [f"a passing convergence block: {', '.join(limited)} is format-limited"
+                  f" ({format_limited_sentence('its format')})"] if limited else []
+        return "needs " + "; and ".join(needs)
     if change.outcome == REVIEW:
-        return "needs review (" + ("not classed by the rules file" if change.klass == UNKNOWN
-                                   else "no lever covers this numerics change") + ")"
+        return "needs review (not classed by the rules file)" if change.klass == UNKNOWN else (
+            "no lever covers this numerics change: needs a passing convergence block (correctness converge)")
+    if change.outcome == COVERED and (not change.levers or FORMAT_LIMITED in change.lever_results.values()):
+        return "covered by the recipe's passing convergence block" + (
+            " (format-limited: " + format_limited_sentence("its format") + ")" if change.levers else " (no lever)")
     return ""
 
 
-def _shown(path: str) -> str:
-    """A path relative to the working directory where it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return path
-
-
-def report_lines(classification: Classification) -> list[str]:
+def report_lines(classification: Classification, width: int | None = None) -> list[str]:
+    """The classification as a table (its last column cut to `width`) and what each change still needs."""
     counts = ", ".join(f"{count} {klass}" for klass, count in classification.counts.items() if count)
     lines = [
-        f"classify {classification.recipe} against {_shown(classification.reference)}: "
-        f"configuration {classification.verdict.upper()}",
+        f"classify {classification.recipe}: configuration {classification.verdict.upper()}",
+        f"  against {shown_path(classification.reference)}",
         f"  {len(classification.changes)} changed arguments" + (f" ({counts})" if counts else ""),
     ]
     if classification.changes:
         header = ["flag", "reference -> candidate", "class", "lever", "result", "reason"]
-        lines += ["  " + line for line in format_table(header, map(_row, classification.changes))]
+        lines += ["  " + line for line in format_table(header, map(_row, classification.changes), width)]
     return lines + [f"  - {change.flag}: {need}" for change in classification.changes if (need := _need(change))]
 
 
@@ -114,5 +115,5 @@ def run(args: argparse.Namespace) -> int:
     rules = load_rules(args.rules)
     candidate = load_recipe(args.candidate)
     classification = classify_recipe(candidate, args.reference, rules)
-    emit(args, report_lines(classification), classification.to_dict())
+    emit(args, report_lines(classification, table_width(args)), classification.to_dict())
     return EXIT_OK if classification.verdict == "pass" else EXIT_FAIL

@@ -1,30 +1,39 @@
-"""Run a recipe's component tests (pytest underneath, the same markers) and write their records.
+"""Judge a recipe: run the component tests its numerics changes need (pytest underneath, the same
+markers), write their records and give the recipe's verdict.
 
-    correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--results-dir DIR] [--workers N]
-                    [--model-config CONFIG] [--checkpoint-cases DIR] [--model-checkpoint DIR]
-                    [--json] [-- PYTEST ARGS...]
+    correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--reference REFERENCE.yaml] [--all-levers]
+                    [--results-dir DIR] [--workers N] [--model-config CONFIG]
+                    [--checkpoint-cases DIR] [--model-checkpoint DIR] [--json] [-- PYTEST ARGS...]
 
-Runs every component test on RECIPE.yaml, with shapes taken from it and from its model's facts: the
-suite's own (fixtures/models, fixtures/configs), or those of --model-config (the model's Hugging Face
-config.json). A lever that does not apply to the recipe (offload where it does not offload) skips. `auto` runs
-the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and the CPU tiers
-otherwise (those without a marker that only CUDA tiers carry, Megatron's optimizer on the CPU
-included); both expressions are built from the tiers (correctness.tiers). With several GPUs the
-cases are spread over them, one GPU per pytest-xdist worker (install the `parallel` extra); the
-workers' records are merged into one per lever. pytest prints its progress and, at the end, a
-verdict table per lever.
+The recipe is judged on what it changed against its reference (fixtures/references/<id>.yaml, or
+--reference), as `correctness classify` classes the changes; without a reference, on the numerics
+arguments it sets to anything but Megatron's default, and it says so. The levers those changes
+need run at the recipe's shapes (from the recipe and its model's facts: the suite's own, or those
+of --model-config, the model's Hugging Face config.json), and their records give the recipe's
+verdict (correctness.recipe_verdict): pass, fail, or incomplete (a needed lever that did not run
+or finish, a format-limited lever without a passing convergence block, a numerics change without
+a lever). --all-levers runs every lever that applies to the model as well, in a section of its
+own: those verdicts are evidence about flags the recipe did not change, never the recipe's.
 
-Before any test starts it checks what would otherwise fail late: the recipe against the schema, the
-model's facts, that the results folder takes a file, and that the levers can be built from the
-recipe (a quiet collection: a shape that does not split over the recipe's TP size fails there).
-Each is refused in one line.
+`auto` runs the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and
+the CPU tiers otherwise (those without a marker that only CUDA tiers carry, Megatron's optimizer on
+the CPU included); both expressions are built from the tiers (correctness.tiers). With several
+GPUs the cases are spread over them, one GPU per pytest-xdist worker (install the `parallel`
+extra); the workers' records are merged into one per lever. pytest prints its progress and, at the
+end, the recipe's verdict and a verdict table per lever.
+
+Before any test starts it checks what would otherwise fail late: the recipe against the schema, its
+reference, the model's facts, that the results folder takes a file, and that the levers can be
+built from the recipe (a quiet collection: a shape that does not split over the recipe's TP size
+fails there). Each is refused in one line.
 
 --json: stdout holds one JSON object and nothing else (pytest's report goes to stderr):
-{"recipe", "recipe_file", "tier", "markers", "results_dir", "pytest": {"arguments", "exit_code",
-"outcome"}, "records": [{"lever", "tier", "record_id", "verdict", "cases": {status: count}, "path"}],
-"exit_status"}.
+{"recipe", "recipe_file", "tier", "markers", "levers", "results_dir", "pytest": {"arguments",
+"exit_code", "outcome"} (null where no test was needed), "records": [{"lever", "tier", "record_id",
+"verdict", "cases": {status: count}, "path"}], "verdict": {"recipe", "verdict", "against",
+"changes", "levers", "not_changed", "other_changes", "convergence_passes"}, "exit_status"}.
 
-Exit status: 0 every test passed or skipped; 1 a component test failed; 2 bad input or nothing ran.
+Exit status: 0 the recipe passes; 1 it fails or is incomplete; 2 bad input, or pytest stopped.
 """
 
 import contextlib
@@ -43,7 +52,10 @@ from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_n
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.models import facts_for, load_facts
+from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, verdict_lines
 from correctness.recipes import load_recipe, validate_recipe
+from correctness.report import fit_lines
+from correctness.results import PASS, LeverRecord
 from correctness.tiers import GPU, GPU_MARKERS, cuda_only_markers, recipe_gpu_tier  # not via the plugin: see tiers.py
 
 COMPONENT_TESTS = COMPONENT_TESTS_DIR  # the checkout's component_tests/, or the installed package's
@@ -52,11 +64,17 @@ PLUGIN = "correctness.pytest_plugin"  # the checkout's conftest.py loads it too;
 # tiers, and Megatron's own optimizer on the CPU, marked `megatron` alone; it skips with the reason
 # where megatron-core is not installed).
 CPU_TIER = " and ".join(f"not {marker}" for marker in cuda_only_markers())
+COLLECT_ONLY = {"--collect-only", "--co"}  # pytest arguments after -- that only list the tests
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE.yaml")
     parser.add_argument("--tier", choices=("auto", "cpu", "gpu"), default="auto")
+    parser.add_argument("--reference", metavar="REFERENCE.yaml",
+                        help="the reference recipe (or its run script) the recipe's changes are against (default:"
+                        " fixtures/references/<recipe id>.yaml where it exists, else Megatron's defaults)")
+    parser.add_argument("--all-levers", action="store_true",
+                        help="run every lever that applies to the model too, as a catalogue apart from the verdict")
     parser.add_argument("--results-dir", help="where the records go (default: results/ in the checkout, or in the current folder when installed)")
     parser.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                         help="pytest-xdist workers, 0 or more (default: one per GPU where there are several)")
@@ -135,16 +153,18 @@ class _Collection:
 
 
 class _Summary:
-    """pytest plugin for --json: the records the session wrote."""
+    """pytest plugin: the records the session wrote, and why each lever's tests skipped."""
 
     def __init__(self) -> None:
         self.records: list[tuple[dict, Path]] = []
+        self.skip_reasons: dict[str, list[str]] = {}
 
     def pytest_unconfigure(self, config) -> None:
         # Imported here, once pytest has imported (and assertion-rewritten) the plugin itself.
-        from correctness.pytest_plugin import written_records
+        from correctness.pytest_plugin import skip_reasons, written_records
 
         self.records = written_records(config)
+        self.skip_reasons = skip_reasons(config)
 
 
 @contextlib.contextmanager
@@ -182,16 +202,31 @@ def run(args) -> int:
         facts_for(recipe.model, load_facts(args.model_config) if args.model_config else None)
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error}") from None
+    classification = recipe_changes(recipe, args.reference)
+    needed = list(needed_levers(classification))
     results = writable_folder(Path(args.results_dir) if args.results_dir else default_results())
     selection = markers(recipe, args.tier)
+    report = {"recipe": recipe.id, "recipe_file": str(args.recipe), "tier": args.tier, "markers": selection,
+              "levers": "all" if args.all_levers else needed, "results_dir": str(results), "pytest": None,
+              "records": []}
+    if not needed and not args.all_levers:
+        verdict = judge_recipe(recipe, classification, [])
+        with _report_to_stderr(args.json):
+            lines = verdict_lines(verdict, recipe.gpu)
+            print("\n".join(lines if args.wide else fit_lines(lines)), flush=True)
+        return _finish(args, report, verdict, EXIT_OK if verdict.verdict == PASS else EXIT_FAIL)
+
     selected = [str(COMPONENT_TESTS), "-p", PLUGIN, "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
-    for option in ("checkpoint_cases", "model_checkpoint", "model_config"):
+    if not args.all_levers:
+        selected += ["--levers", ",".join(needed)]
+    for option in ("checkpoint_cases", "model_checkpoint", "model_config", "reference"):
         value = getattr(args, option)
         if value:
             selected += [f"--{option.replace('_', '-')}", value]
-    if args.strict_systematic:
-        selected.append("--strict-systematic")
-    command = [*selected, "-rs"]
+    selected += [flag for flag, wanted in (("--strict-systematic", args.strict_systematic), ("--wide", args.wide)) if wanted]
+    # The verdicts say what skipped and why: pytest's own summary lists failures only, and not the
+    # libraries' import warnings (megatron-core's, torch's), whose lines run to 350 characters.
+    command = [*selected, "-rfE", "--disable-warnings"]
     workers = args.workers if args.workers is not None else (torch.cuda.device_count() if args.tier != "cpu" else 0)
     if workers > 1:
         if importlib.util.find_spec("xdist") is None:
@@ -206,32 +241,41 @@ def run(args) -> int:
         raise CorrectnessError(
             f"recipe {args.recipe}: the component tests cannot be built: {collection.errors[0]}{more}"
         )
+    if collected == pytest.ExitCode.INTERRUPTED:
+        raise CorrectnessError(f"recipe {args.recipe}: collecting the component tests was interrupted")
     if collected == pytest.ExitCode.NO_TESTS_COLLECTED:
         raise CorrectnessError(f"no component test selected for {recipe.model} on {recipe.gpu} ({selection})")
 
     summary = _Summary()
     with _report_to_stderr(args.json):
-        print(f"correctness run {recipe.id}: pytest {' '.join(command)}", flush=True)
+        shown = f"correctness run {recipe.id}: pytest {' '.join(command)}"
+        print("\n".join([shown] if args.wide else fit_lines([shown])), flush=True)
         status = pytest.main(command + list(args.passthrough), plugins=[summary])
     try:
         status = pytest.ExitCode(status)
     except ValueError:  # a plugin's own exit code
         pass
-    code = {pytest.ExitCode.OK: EXIT_OK, pytest.ExitCode.TESTS_FAILED: EXIT_FAIL}.get(status, EXIT_BAD_INPUT)
-    if status == pytest.ExitCode.NO_TESTS_COLLECTED:
+    records = [LeverRecord.from_json(record) for record, _ in summary.records]
+    verdict = judge_recipe(recipe, classification, records, summary.skip_reasons)
+    code = EXIT_OK if verdict.verdict == PASS else EXIT_FAIL
+    if COLLECT_ONLY & set(args.passthrough):  # nothing ran, nothing is judged: pytest's own status
+        code = EXIT_OK if status == pytest.ExitCode.OK else EXIT_BAD_INPUT
+    elif status == pytest.ExitCode.NO_TESTS_COLLECTED:
+        code = EXIT_BAD_INPUT
         print(f"correctness run: no component test selected for {recipe.model} on {recipe.gpu}"
               f" by the arguments after --: {' '.join(args.passthrough)}", file=sys.stderr)
-    elif code == EXIT_BAD_INPUT:
+    elif status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        code = EXIT_BAD_INPUT
         outcome = status.name.lower().replace("_", " ") if isinstance(status, pytest.ExitCode) else "a plugin's code"
         print(f"correctness run: pytest stopped ({outcome}, exit status {int(status)}); see its report above",
               file=sys.stderr)
+    report["pytest"] = {"arguments": command + list(args.passthrough), "exit_code": int(status),
+                        "outcome": status.name.lower() if isinstance(status, pytest.ExitCode) else None}
+    report["records"] = [_record_summary(record, path) for record, path in summary.records]
+    return _finish(args, report, verdict, code)
+
+
+def _finish(args, report: dict[str, Any], verdict: RecipeVerdict, code: int) -> int:
     if args.json:
-        emit(args, [], {
-            "recipe": recipe.id, "recipe_file": str(args.recipe), "tier": args.tier, "markers": selection,
-            "results_dir": str(results),
-            "pytest": {"arguments": command + list(args.passthrough), "exit_code": int(status),
-                       "outcome": status.name.lower() if isinstance(status, pytest.ExitCode) else None},
-            "records": [_record_summary(record, path) for record, path in summary.records],
-            "exit_status": code,
-        })
+        emit(args, [], {**report, "verdict": verdict.to_dict(), "exit_status": code})
     return code

@@ -403,9 +403,10 @@ def format_report(result: ConvergenceResult) -> list[str]:
     compared = n - result.skipped
     skip = f" (first {result.skipped} skipped)" if result.skipped else ""
     lines = [
-        f"convergence · candidate {result.candidate.source} vs reference {result.reference.source} · "
-        f"{len(result.candidate)} steps, {compared} compared{skip} · {result.thresholds.name} thresholds · "
-        f"{result.result.upper()}"
+        f"convergence · {result.result.upper()} · {len(result.candidate)} steps, {compared} compared{skip} ·"
+        f" {result.thresholds.name} thresholds",
+        f"  candidate {result.candidate.source}",
+        f"  reference {result.reference.source}",
     ]
     rows = [[c.name, c.shown, c.limit, c.status, c.detail] for c in result.checks]
     lines += ["  " + line for line in format_table(["check", "value", "threshold", "result", "detail"], rows)]

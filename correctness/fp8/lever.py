@@ -21,9 +21,11 @@ Tiers: `cpu`, torch's float8 dtypes with the GEMM's FP32 stand-in (correctness.f
 scale; the recipe's GPU (`h100`/`h200` + `te`), TE's Linear under te.autocast at the recipe's scale,
 the negative controls being the emulation's mistakes run on the GPU.
 
-FP8 is expected to fail the rule against BF16 (its unit roundoff, 2^-4 for E4M3, is 32 times
-BF16's): that failure is the lever's verdict, recorded as `fail`; the summary keeps how far each
-tensor is from the bound. What a recipe then needs is evidence the rule cannot give: convergence
+FP8 fails the rule against BF16 by its format (E4M3's unit roundoff, 2^-4, is 32 times BF16's):
+the format floor (correctness.lever.FormatFloor) is the FP64 reference on the recipe's FP8
+operands, its outputs rounded to the candidate's dtypes (paths.Fp64OnFp8Operands), and a candidate
+within 2 x its error + 1e-3, unbiased against it, whose controls all fail that bound, is
+`format-limited`. What a recipe then needs besides is evidence the rule cannot give: convergence
 (`correctness converge`) against its BF16 reference.
 """
 
@@ -40,14 +42,14 @@ from correctness.fp8.inputs import LinearInputs, amax_histories, draw_tensors
 from correctness.fp8.paths import MISTAKES, Bf16Linear, EmulatedFp8Linear, Fp64Linear, Fp64OnFp8Operands
 from correctness.fp8.scaling import AMAX_ALGOS, FORMATS, RECIPES, Fp8Config
 from correctness.fp8.te_linear import TeLinear
-from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, Tier
 from correctness.models import ModelFacts, facts_for
 from correctness.optimizer.layout import RECIPE, param_slices
 from correctness.recipes import Recipe, lever_recipe
 from correctness.results import CaseResult
 
 NAME = "fp8"
-VERSION = 1
+VERSION = 2  # 2: the FP8 format floor; E5M2 in the forward no longer a control (docs/levers/fp8.md)
 SEEDS = (0,)
 DESCRIPTION = (
     "a linear layer's forward and backward in FP8 (TE's delayed, tensorwise, blockwise or MXFP8 scaling)"
@@ -63,6 +65,16 @@ LINEARS = (  # (short name, Megatron parameter suffixes, in the order looked for
 )
 HOPPER = ("H100", "H200")  # no MXFP8 GEMM (TE 2.17 quantization.py: MXFP8 needs compute capability 10.0)
 MEGATRON_DEFAULTS = {"--fp8-margin": 0, "--fp8-amax-history-len": 1, "--fp8-amax-compute-algo": "most_recent"}
+FLOOR_ROUNDINGS = (
+    "each GEMM's operands (x and W in the forward, dy and W in dgrad, dy and x in wgrad) quantised to FP8 as"
+    " the recipe prescribes: E4M3, the output gradient dy in E5M2 under hybrid; with the recipe's scales (delayed:"
+    " one per tensor from the amax history of the earlier iterations; tensorwise: one per tensor from its own"
+    " amax; blockwise: 1x128 blocks, 128x128 for the weight; MXFP8: 1x32 blocks with E8M0 scales; blocks along"
+    " the GEMM's contraction) and a saturating round-to-nearest-even cast",
+    "y and dgrad to BF16, wgrad to FP32 (gradient accumulation fusion into main_grad) or BF16",
+)
+FLOOR = FormatFloor(format="FP8", roundings=FLOOR_ROUNDINGS,
+                    path=Fp64OnFp8Operands(name="fp8-format-floor", round_outputs=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,9 +222,11 @@ def make_inputs(shape: Fp8LinearShape, seed: int, device: torch.device) -> Linea
 
 
 def summarize(case: CaseResult) -> dict[str, Any]:
-    """How far FP8 is from the rule: per tensor the candidate's error, the default's, error/bound, the
-    ratio, and the GEMM's own share (the candidate against FP64 on its own FP8 operands); per
-    control its power and that power over the candidate's own error/bound on the same tensor."""
+    """How far FP8 is from the rule and from its format: per tensor the candidate's error, the
+    default's, error/bound, the ratio, the GEMM's own share (the candidate against FP64 on the FP8
+    operands), the floor's error, the format bound, error/format bound, and the scale slope with its
+    threshold against the floor; per control its power under the rule, that power over the
+    candidate's own error/bound on the same tensor, and its power against the format bound."""
     candidate = {t.tensor: t for t in case.candidate.tensors}
     gemm = {t.tensor: t.error for judgement in case.secondary for t in judgement.tensors}
     tensors = {
@@ -223,7 +237,14 @@ def summarize(case: CaseResult) -> dict[str, Any]:
         }
         for name, t in candidate.items()
     }
+    if case.format is not None:
+        floor = {t.tensor: t for t in case.format.candidate.tensors}
+        for name, figures in tensors.items():
+            t = floor[name]
+            figures.update(floor_error=t.default_error, format_bound=t.bound, error_over_format_bound=t.error_over_bound,
+                           slope=t.systematic.slope, slope_threshold_against_floor=t.systematic.slope_threshold)
     worst = max(candidate.values(), key=lambda t: t.error_over_bound)
+    format_powers = {control.name: control.power for control in case.format.controls} if case.format else {}
     controls = {}
     for control in case.controls:
         if control.judgement is None:
@@ -233,6 +254,7 @@ def summarize(case: CaseResult) -> dict[str, Any]:
         controls[control.name] = {
             "power": powers[strongest], "tensor": strongest, "least_tensor_power": min(powers.values()),
             "power_over_candidate": {name: powers[name] / candidate[name].error_over_bound for name in powers},
+            **({"format_power": format_powers[control.name]} if control.name in format_powers else {}),
         }
     details = case.candidate.run.details
     return {
@@ -248,7 +270,8 @@ def fp8_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, 
     shapes = fp8_shapes(recipe, model, scale, gpu=None if tier.device == "cpu" else recipe.gpu)
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
-             make_inputs=partial(make_inputs, shape, seed))
+             make_inputs=partial(make_inputs, shape, seed),
+             recipe_runs="candidate" if shape.recipe_trains_in_fp8 else "default")
         for shape in shapes for seed in SEEDS
     )
     controls = tuple(Control(name=mistake, path=EmulatedFp8Linear(name=f"fp8-emulated ({mistake})", mistake=mistake))
@@ -258,6 +281,7 @@ def fp8_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, 
         candidate=candidate, default=Bf16Linear() if tier.device == "cpu" else TeLinear("te-linear-bf16", fp8=False),
         reference=Fp64Linear(), secondary_references=(Fp64OnFp8Operands(),), controls=controls, summarize=summarize,
         cpu_threads=1 if tier.device == "cpu" else None,  # small GEMMs: a second thread only contends
+        format_floor=FLOOR,
     )
 
 

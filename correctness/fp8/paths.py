@@ -1,7 +1,9 @@
 """The paths of the FP8 lever on any device: the FP8 linear as TE's recipe quantises it (with the
 GEMM's named stand-in, correctness.fp8.scaling.fp8_gemm), its deliberate mistakes (the negative
-controls), the BF16 linear (the default), the FP64 reference and the secondary reference (FP64 on
-the FP8 operands themselves, which separates the quantisation from the GEMM's own rounding).
+controls, and the wrong implementations of correctness.fp8.wrong), the BF16 linear (the default),
+the FP64 reference, and FP64 on the recipe's FP8 operands: with FP64 outputs the secondary
+reference (which separates the quantisation from the GEMM's own rounding), with outputs rounded to
+the candidate's dtypes the format floor.
 
 A linear y = x W^T runs three GEMMs, each reading its operands quantised along its contraction
 (TE's Linear; its "rowwise" and "columnwise" usages):
@@ -20,14 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from correctness.fp8.inputs import LinearInputs
-from correctness.fp8.scaling import E5M2, Quantized, fp8_gemm, quantize
+from correctness.fp8.scaling import Fp8Dtype, Quantized, fp8_gemm, quantize
 from correctness.lever import PathOutput
 from references.linear import linear_forward_backward
 
+# The negative controls: each must fail the format bound on every case.
 SCALE_NOT_APPLIED = "scales not applied on dequantisation"
-E5M2_FORWARD = "E5M2 in the forward where E4M3 is due"
 INPUT_AMAX_OF_WEIGHT = "the input scaled from the weight's amax"
-MISTAKES = (SCALE_NOT_APPLIED, E5M2_FORWARD, INPUT_AMAX_OF_WEIGHT)
+SCALE_INV_TWICE = "inverse scales applied twice on dequantisation"
+MISTAKES = (SCALE_NOT_APPLIED, INPUT_AMAX_OF_WEIGHT, SCALE_INV_TWICE)
+TIMES_SCALED = {SCALE_NOT_APPLIED: 0, SCALE_INV_TWICE: 2}  # the dequantisation mistakes; else once
+# Wrong implementations in the same format (correctness.fp8.wrong).
+TRUNCATED_CAST = "FP8 cast by truncation (toward zero) instead of round-to-nearest-even"
+BLOCK_SCALE_TOWARD_SATURATION = "power-of-two block scale rounded toward saturation (MXFP8: E8M0 down; blockwise: up)"
 PROBE_ROWS = 16  # the torch._scaled_mm probe: rows of each GEMM's first operand
 PROBE_COLUMNS = 32  # and of its second
 
@@ -47,6 +54,21 @@ class Operands:
         return {"y": (self.x_fprop, self.w_fprop), "dgrad": (self.dy_dgrad, self.w_dgrad),
                 "wgrad": (self.dy_wgrad, self.x_wgrad)}
 
+    def read(self, gemm: str, name: str, t: torch.Tensor) -> torch.Tensor:
+        """references.linear's operand hook: the dequantised FP8 operand `gemm` reads in place of
+        input `name`, in FP64 (exact), in the reference's layout (the backward GEMMs' copies are
+        stored [rows, contraction], the transpose of it)."""
+        field, transposed = READS[gemm, name]
+        values = getattr(self, field).dequantize(dtype=torch.float64)
+        return values.t() if transposed else values
+
+
+READS = {  # (GEMM, the reference's input) -> (the operand it reads, stored transposed)
+    ("y", "x"): ("x_fprop", False), ("y", "weight"): ("w_fprop", False),
+    ("dgrad", "grad_output"): ("dy_dgrad", False), ("dgrad", "weight"): ("w_dgrad", True),
+    ("wgrad", "grad_output"): ("dy_wgrad", True), ("wgrad", "x"): ("x_wgrad", True),
+}
+
 
 def _transposed(q: Quantized) -> Quantized:
     """One scale per tensor: the transposed copy has the same values (TE transposes the FP8 data)."""
@@ -55,24 +77,27 @@ def _transposed(q: Quantized) -> Quantized:
 
 
 def quantize_operands(inputs: LinearInputs, mistake: str | None = None) -> Operands:
+    """The six operands as the config's recipe quantises them; `mistake`: one of the controls'
+    or wrong implementations' quantisation mistakes."""
     config = inputs.config
-    forward = E5M2 if mistake == E5M2_FORWARD else config.forward
+    forward, backward = config.forward, config.backward
     amax = {role: None for role in ("input", "weight", "grad")}
     if config.recipe == "delayed":
         amax = {role: inputs.history_amax(role) for role in amax}
     if mistake == INPUT_AMAX_OF_WEIGHT:
         amax["input"] = amax["weight"] if amax["weight"] is not None else inputs.weight.abs().amax()
 
-    def q(t: torch.Tensor, role: str, fmt) -> Quantized:
-        return quantize(t, config, role, fmt, amax_override=amax[role])
+    def q(t: torch.Tensor, role: str, fmt: Fp8Dtype) -> Quantized:
+        return quantize(t, config, role, fmt, amax_override=amax[role], truncate=mistake == TRUNCATED_CAST,
+                        scale_toward_saturation=mistake == BLOCK_SCALE_TOWARD_SATURATION)
 
     x, w, dy = inputs.x, inputs.weight, inputs.grad_output
-    x_fprop, w_fprop, dy_dgrad = q(x, "input", forward), q(w, "weight", forward), q(dy, "grad", config.backward)
+    x_fprop, w_fprop, dy_dgrad = q(x, "input", forward), q(w, "weight", forward), q(dy, "grad", backward)
     if config.block("input") is None:  # one scale per tensor
         return Operands(x_fprop=x_fprop, w_fprop=w_fprop, dy_dgrad=dy_dgrad, w_dgrad=_transposed(w_fprop),
                         dy_wgrad=_transposed(dy_dgrad), x_wgrad=_transposed(x_fprop))
     return Operands(x_fprop=x_fprop, w_fprop=w_fprop, dy_dgrad=dy_dgrad, w_dgrad=q(w.t(), "weight", forward),
-                    dy_wgrad=q(dy.t(), "grad", config.backward), x_wgrad=q(x.t(), "input", forward))
+                    dy_wgrad=q(dy.t(), "grad", backward), x_wgrad=q(x.t(), "input", forward))
 
 
 def _out_dtypes(inputs: LinearInputs) -> dict[str, torch.dtype]:
@@ -132,11 +157,9 @@ class EmulatedFp8Linear:
     def run(self, inputs: LinearInputs) -> PathOutput:
         started = time.perf_counter()
         operands = quantize_operands(inputs, self.mistake)
-        if self.mistake is None:
-            inputs.cache["operands"] = operands  # the secondary reference multiplies these in FP64
         dtypes = _out_dtypes(inputs)
-        apply = self.mistake != SCALE_NOT_APPLIED
-        tensors = {name: fp8_gemm(a, b, dtypes[name], apply_scales=apply) for name, (a, b) in operands.gemms().items()}
+        times = TIMES_SCALED.get(self.mistake, 1)
+        tensors = {name: fp8_gemm(a, b, dtypes[name], times_scaled=times) for name, (a, b) in operands.gemms().items()}
         details: dict[str, object] = {
             "recipe": inputs.config.recipe, "format": inputs.config.format, "gemm": "fp32-stand-in",
             "operands": quantization_figures(operands), "gemm_seconds": round(time.perf_counter() - started, 4),
@@ -178,15 +201,41 @@ class Fp64Linear:
         return PathOutput(tensors={"y": y, "dgrad": dgrad, "wgrad": wgrad}, backend=self.name)
 
 
+def recipe_operands(inputs: LinearInputs) -> Operands:
+    """The operands as the recipe quantises them, once per case (the format floor and the secondary
+    reference read the same; the candidate quantises on its own, so that its runs are its own)."""
+    if "operands" not in inputs.cache:
+        inputs.cache["operands"] = quantize_operands(inputs)
+    return inputs.cache["operands"]
+
+
+def _fp64_on_recipe_operands(inputs: LinearInputs) -> dict[str, torch.Tensor]:
+    """The FP64 linear on the recipe's FP8 operands, once per case (the floor rounds it)."""
+    if "fp64_on_fp8_operands" not in inputs.cache:
+        y, dgrad, wgrad = linear_forward_backward(inputs.x, inputs.weight, inputs.grad_output,
+                                                  recipe_operands(inputs).read)
+        inputs.cache["fp64_on_fp8_operands"] = {"y": y, "dgrad": dgrad, "wgrad": wgrad}
+    return inputs.cache["fp64_on_fp8_operands"]
+
+
 @dataclass(frozen=True)
 class Fp64OnFp8Operands:
-    """Secondary reference: the FP64 product of the FP8 operands (the emulation's quantisation, exact
-    in FP64). The candidate's error against it is the GEMM's own (accumulation and output rounding);
-    the rest of its error against the FP64 reference is the quantisation."""
+    """The FP64 reference (references/linear.py) on the recipe's FP8 operands: each GEMM reads its
+    operands quantised as the recipe prescribes (the same scales, blocks and formats as the
+    candidate's emulation), the products and sums exact in FP64.
+
+    With FP64 outputs, the secondary reference: the candidate's error against it is the GEMM's own
+    (accumulation and output rounding), the rest of its error against the FP64 reference is the
+    quantisation. With `round_outputs`, the format floor: its outputs rounded once to the
+    candidate's dtypes (y and dgrad BF16, wgrad FP32 or BF16): the error no FP8 implementation of
+    the recipe avoids."""
 
     name: str = "fp64-on-fp8-operands"
+    round_outputs: bool = False
 
     def run(self, inputs: LinearInputs) -> PathOutput:
-        operands = inputs.cache.get("operands") or quantize_operands(inputs)
-        tensors = {name: a.dequantize(dtype=torch.float64) @ b.dequantize(dtype=torch.float64).t() for name, (a, b) in operands.gemms().items()}
-        return PathOutput(tensors=tensors, backend=self.name)
+        tensors = dict(_fp64_on_recipe_operands(inputs))
+        if self.round_outputs:
+            dtypes = _out_dtypes(inputs)
+            tensors = {name: t.to(dtypes[name]) for name, t in tensors.items()}
+        return PathOutput(tensors=tensors, backend=f"{self.name} ({inputs.config.id})")

@@ -115,6 +115,13 @@ def _power_of_two_below(scale: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
+def _power_of_two_above(value: torch.Tensor) -> torch.Tensor:
+    """2^ceil(log2(value)) for a positive FP32 value: an exact power of two stays."""
+    mantissa, exponent = torch.frexp(value.float())  # value = mantissa * 2^exponent, mantissa in [0.5, 1)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.ldexp(torch.ones_like(mantissa), exponent)
+
+
 def scale_from_amax(amax: torch.Tensor, fp8_max: float, power_of_two: bool) -> torch.Tensor:
     """TE's compute_scale_from_amax (epsilon 0): fp8_max / amax in FP32; 1 where amax is 0, Inf or
     NaN; FP32's max where the quotient overflows."""
@@ -125,13 +132,13 @@ def scale_from_amax(amax: torch.Tensor, fp8_max: float, power_of_two: bool) -> t
     return _power_of_two_below(scale) if power_of_two else scale
 
 
-def e8m0_scale_inv(amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
+def e8m0_scale_inv(amax: torch.Tensor, fp8_max: float, *, round_up: bool = True) -> torch.Tensor:
     """MXFP8's dequantisation scale (TE's float_to_e8m0 of amax x (1 / fp8 max), util/ptx.cuh): the
-    FP32 product rounded up to a power of two; 2^-127 where amax is 0. Stored as float8_e8m0fnu."""
+    FP32 product rounded up to a power of two; 2^-127 where amax is 0. Stored as float8_e8m0fnu.
+    `round_up` False rounds it down instead, so that a block's largest elements saturate: a wrong
+    implementation (correctness.fp8.wrong)."""
     product = amax.float() * torch.tensor(1.0 / fp8_max, dtype=torch.float32)
-    mantissa, exponent = torch.frexp(product)  # product = mantissa * 2^exponent, mantissa in [0.5, 1)
-    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)  # an exact power of two stays
-    scale_inv = torch.ldexp(torch.ones_like(product), exponent)
+    scale_inv = _power_of_two_above(product) if round_up else _power_of_two_below(product)
     scale_inv = torch.where(product == 0, torch.full_like(product, 2.0 ** -127), scale_inv)
     return scale_inv.to(torch.float8_e8m0fnu)
 
@@ -167,30 +174,47 @@ class Quantized:
         """The FP8 values in FP32, unscaled (exact)."""
         return self.data.float()
 
-    def dequantize(self, apply_scale: bool = True, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantize(self, times_scaled: int = 1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The FP8 values times their scales in `dtype` (exact in FP32 for power-of-two scales, in
-        FP64 for any FP32 scale)."""
+        FP64 for any FP32 scale). `times_scaled`: how many times the inverse scale is applied (1;
+        0 or 2 only for the negative controls)."""
         values = self.data.to(dtype)
-        if not apply_scale:
+        if times_scaled == 0:
             return values
-        scale_inv = self.scale_inv.to(dtype)
+        scale_inv = self.scale_inv.to(dtype) ** times_scaled
         if self.block is None:
             return values * scale_inv
         return _unblocked(_blocks(values, self.block) * scale_inv[:, None, :, None], self.data.shape)
 
 
-def _cast(scaled: torch.Tensor, fmt: Fp8Dtype, count_saturated: bool) -> tuple[torch.Tensor, int]:
+def _toward_zero(scaled: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """`rounded` (the FP8 cast of `scaled`) moved one step toward zero where it rounded away from
+    zero: truncation. FP8's encodings are sign and magnitude, so one step is the byte less one."""
+    away = rounded.float().abs() > scaled.abs()
+    bits = rounded.view(torch.uint8)
+    return torch.where(away, bits - 1, bits).view(rounded.dtype)
+
+
+def _cast(scaled: torch.Tensor, fmt: Fp8Dtype, count_saturated: bool, truncate: bool) -> tuple[torch.Tensor, int]:
     saturated = int(torch.count_nonzero(scaled.abs() > fmt.saturation)) if count_saturated else 0
-    return scaled.clamp(-fmt.max, fmt.max).to(fmt.dtype), saturated
+    clamped = scaled.clamp(-fmt.max, fmt.max)
+    rounded = clamped.to(fmt.dtype)
+    return (_toward_zero(clamped, rounded) if truncate else rounded), saturated
 
 
 def quantize(t: torch.Tensor, config: Fp8Config, role: str, fmt: Fp8Dtype, *,
-             amax_override: torch.Tensor | None = None) -> Quantized:
+             amax_override: torch.Tensor | None = None, truncate: bool = False,
+             scale_toward_saturation: bool = False) -> Quantized:
     """`t` [rows, cols] quantised along its columns as the config's recipe does for an operand of
     `role` ("input", "weight", "grad"). `amax_override`: the amax the scale comes from, where it
     is not the tensor's own (delayed scaling's history; a control's wrong tensor); only then can
     an element exceed the format's range (a scale from a tensor's own amax maps it to the largest
-    value), and only then are the saturated elements counted."""
+    value), and only then are the saturated elements counted.
+
+    Two wrong implementations (correctness.fp8.wrong), TE's cast and scales otherwise: `truncate`
+    rounds toward zero instead of to nearest even; `scale_toward_saturation` rounds a block's
+    power-of-two scale the other way (blockwise: up; MXFP8: its E8M0 scale down), so the block's
+    largest elements land beyond the format's largest value and saturate (then counted too)."""
     block = config.block(role)
     t = t.float()
     overridden = amax_override is not None
@@ -199,7 +223,7 @@ def quantize(t: torch.Tensor, config: Fp8Config, role: str, fmt: Fp8Dtype, *,
         amax = amax_override.float().reshape(()) if overridden else own_amax
         margin = 2.0 ** config.margin if config.recipe == "delayed" else 1.0
         scale = scale_from_amax(amax, fmt.max, power_of_two=False) / margin
-        data, saturated = _cast(t * scale, fmt, overridden)
+        data, saturated = _cast(t * scale, fmt, overridden, truncate)
         return Quantized(data=data, scale_inv=torch.reciprocal(scale), block=None, saturated=saturated,
                          details={"amax": float(own_amax), "scale_amax": float(amax)})
     blocks = _blocks(t, block)
@@ -207,25 +231,28 @@ def quantize(t: torch.Tensor, config: Fp8Config, role: str, fmt: Fp8Dtype, *,
     if overridden:
         amax = torch.full_like(amax, float(amax_override))
     if config.recipe == "mxfp8":
-        scale_inv = e8m0_scale_inv(amax, fmt.max)
+        scale_inv = e8m0_scale_inv(amax, fmt.max, round_up=not scale_toward_saturation)
         scale = torch.reciprocal(scale_inv.float())  # a power of two: exact
     else:
-        scale = scale_from_amax(amax, fmt.max, power_of_two=True)
+        scale = scale_from_amax(amax, fmt.max, power_of_two=False)
+        scale = _power_of_two_above(scale) if scale_toward_saturation else _power_of_two_below(scale)
         scale_inv = torch.reciprocal(scale)
-    data, saturated = _cast(_unblocked(blocks * scale[:, None, :, None], t.shape), fmt, overridden)
+    scaled = _unblocked(blocks * scale[:, None, :, None], t.shape)
+    data, saturated = _cast(scaled, fmt, overridden or scale_toward_saturation, truncate)
     return Quantized(data=data, scale_inv=scale_inv, block=block, saturated=saturated)
 
 
-def fp8_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype, *, apply_scales: bool = True) -> torch.Tensor:
+def fp8_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype, *, times_scaled: int = 1) -> torch.Tensor:
     """a [M, K] times b [N, K] transposed, both quantised along K: the named stand-in for an FP8
     GEMM with FP32 accumulation (cuBLAS with split accumulation; torch._scaled_mm on the CPU). One
     scale per tensor: the FP32 product of the unscaled FP8 values, multiplied by both inverse scales
     after the accumulation, as cuBLAS applies scale_a x scale_b to its FP32 accumulator; per-block
     power-of-two scales: the exactly dequantised operands multiplied in FP32 (a block-scaled GEMM
-    scales each block's partial sum by the same powers of two). Then rounded to `out_dtype`."""
+    scales each block's partial sum by the same powers of two). Then rounded to `out_dtype`.
+    `times_scaled`: how many times the inverse scales are applied (1; 0 or 2 for the controls)."""
     if a.block is None and b.block is None:
         product = a.values() @ b.values().t()
-        if apply_scales:
-            product = product * (a.scale_inv * b.scale_inv)
+        if times_scaled:
+            product = product * (a.scale_inv * b.scale_inv) ** times_scaled
         return product.to(out_dtype)
-    return (a.dequantize(apply_scales) @ b.dequantize(apply_scales).t()).to(out_dtype)
+    return (a.dequantize(times_scaled) @ b.dequantize(times_scaled).t()).to(out_dtype)

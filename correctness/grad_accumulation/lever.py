@@ -11,7 +11,15 @@ reads, before the data-parallel reduction), FP32; under dynamic batching, where 
 fewer, after 1, 2, 4, ... as well. Two cases: microbatch gradients uncorrelated (noise-dominated,
 the usual regime of a microbatch of a few rows) and correlated 0.3 (a shared signal). The candidate is
 always the unfused path; the record's shape says whether the recipe itself fuses
-(`recipe_fuses`), which decides whether a failure is about the recipe (component test).
+(`recipe_fuses`).
+
+Format floor (`wgrad_floor`): the FP64 sum of the microbatches' FP64 weight gradients, each rounded
+once to BF16 (the recipe's dtype), as the unfused wgrad GEMM rounds its output; otherwise exact.
+One correct rounding is 1.66e-3 relative, above the rule's 1e-3 slack: where the floor fails the
+rule, the candidate is judged against it (format-limited where within 2 x its error + 1e-3 and
+unbiased against it). The floor is also a secondary reference: the slope BF16's round to nearest
+even leaves in a sum of many rounded terms (a shrinkage of a few 1e-6) is the floor's too, not the
+candidate's own. Wrong BF16 implementations: correctness.grad_accumulation.wrong.
 
 Negative controls: the candidate with one microbatch's gradient dropped (the one with the smallest
 gradient, the hardest to miss); the candidate accumulating into a BF16 main_grad (as with
@@ -24,22 +32,27 @@ function on cuBLAS; the default Megatron's fused branch where apex's extension i
 TE's Linear with fuse_wgrad_accumulation; the recipe's scale).
 """
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import torch
+
 from correctness import tiers
 from correctness.grad_accumulation.inputs import (
-    CORRELATIONS, AccumulationInputs, accumulation_shape, make_inputs, tensor_name,
+    CORRELATIONS, DTYPES, AccumulationInputs, accumulation_shape, make_inputs, tensor_name,
 )
 from correctness.grad_accumulation.megatron_wgrad import DROPPED, STALE, MegatronWgrad, fused_extension
 from correctness.grad_accumulation.te_wgrad import TeWgrad
-from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput, Tier
+from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, PathOutput, Tier
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
+from references.rounding import round_to_nearest
 from references.weight_gradient import accumulated_weight_gradient
 
 NAME = "gradient-accumulation-fusion"
-VERSION = 1
+VERSION = 2  # 2: the format floor (each microbatch's weight gradient rounded to BF16 once)
+FORMAT_NAMES = {torch.bfloat16: "BF16", torch.float16: "FP16"}
 SEEDS = (0,)
 DESCRIPTION = ("gradient accumulation without the fusion: a linear layer's weight gradient rounded to BF16 per"
                " microbatch and added to the FP32 main_grad, against the fused FP32 accumulation and an FP64 sum")
@@ -48,14 +61,41 @@ CANDIDATE = MegatronWgrad(fused=False)
 MEGATRON_FUSED = MegatronWgrad(fused=True)
 
 
+@dataclass(frozen=True)
 class Fp64Accumulation:
-    name = "fp64-weight-gradient-sum"
+    """The FP64 reference; with `wgrad_in` (the format floor), each microbatch's FP64 weight gradient
+    rounded once to that dtype before the FP64 sum, handed over in FP32 as main_grad is."""
+
+    wgrad_in: torch.dtype | None = None
+
+    @property
+    def name(self) -> str:
+        if self.wgrad_in is None:
+            return "fp64-weight-gradient-sum"
+        return f"fp64-weight-gradient-sum of {FORMAT_NAMES[self.wgrad_in]} microbatch gradients (format floor)"
 
     def run(self, inputs: AccumulationInputs) -> PathOutput:
-        shape = inputs.shape
+        shape, narrow = inputs.shape, self.wgrad_in
         microbatches = (inputs.microbatch(m) for m in range(shape.microbatches))
-        sums = accumulated_weight_gradient(microbatches, shape.counts)
-        return PathOutput(tensors={tensor_name(count): sums[count] for count in shape.counts}, backend=self.name)
+        rounding = None if narrow is None else partial(round_to_nearest, dtype=narrow)
+        sums = accumulated_weight_gradient(microbatches, shape.counts, rounding=rounding)
+        tensors = {tensor_name(count): sums[count] for count in shape.counts}
+        if narrow is not None:
+            tensors = {name: total.to(torch.float32) for name, total in tensors.items()}
+        return PathOutput(tensors=tensors, backend=self.name)
+
+
+def wgrad_floor(dtype: str) -> FormatFloor:
+    """The format floor of the unfused path at the recipe's `dtype`: each microbatch's weight
+    gradient rounded to it once, as the unfused wgrad GEMM's output is, then summed exactly."""
+    narrow = DTYPES[dtype]
+    name = FORMAT_NAMES[narrow]
+    return FormatFloor(
+        format=name,
+        roundings=(f"each microbatch's weight gradient to {name} once (round to nearest even), as the unfused wgrad"
+                   f" GEMM writes it, before it is added to the FP32 main_grad",),
+        path=Fp64Accumulation(wgrad_in=narrow),
+    )
 
 
 def _dropped_inapplicable(case: Case) -> str | None:
@@ -71,15 +111,21 @@ CONTROLS = (
 
 
 def summarize(result: Any) -> dict[str, Any]:
-    """Per microbatch count: the candidate's and the default's errors and the candidate's error over
-    its bound; each control's power, whole and least over the counts it changes."""
+    """Per microbatch count: the candidate's, the default's and the format floor's errors and the
+    candidate's error over its bound and over the format bound; each control's power (its largest
+    error over the bound) and its power against the format bound, whole and per count."""
     if result.candidate is None:
         return {}
-    per_count = {
-        comparison.tensor: {"candidate_error": comparison.error, "default_error": comparison.default_error,
-                            "error_over_bound": comparison.error_over_bound, "passes": comparison.passes}
-        for comparison in result.candidate.tensors
-    }
+    against_floor = {t.tensor: t for t in result.format.candidate.tensors} if result.format else {}
+    per_count = {}
+    for comparison in result.candidate.tensors:
+        figures = {"candidate_error": comparison.error, "default_error": comparison.default_error,
+                   "error_over_bound": comparison.error_over_bound, "passes": comparison.passes}
+        floor = against_floor.get(comparison.tensor)
+        if floor is not None:
+            figures.update(floor_error=floor.default_error, error_over_format_bound=floor.error_over_bound)
+        per_count[comparison.tensor] = figures
+    format_controls = {control.name: control for control in result.format.controls} if result.format else {}
     controls = {}
     for control in result.controls:
         if control.judgement is None:
@@ -87,6 +133,10 @@ def summarize(result: Any) -> dict[str, Any]:
             continue
         powers = {comparison.tensor: comparison.error_over_bound for comparison in control.judgement.tensors}
         controls[control.name] = {"power": control.power, "per_count": powers}
+        if control.name in format_controls:
+            judged = format_controls[control.name]
+            controls[control.name].update(format_power=judged.power, format_per_count={
+                comparison.tensor: comparison.error_over_bound for comparison in judged.judgement.tensors})
     return {"per_count": per_count, "controls": controls}
 
 
@@ -96,12 +146,14 @@ def accumulation_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Lever
     shapes = [(accumulation_shape(recipe, model, scale, shared), variant) for shared, variant in CORRELATIONS]
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant=variant,
-             make_inputs=partial(make_inputs, shape, seed))
+             make_inputs=partial(make_inputs, shape, seed), recipe_runs="default" if shape.recipe_fuses else "candidate")
         for shape, variant in shapes for seed in SEEDS
     )
+    floor = wgrad_floor(recipe.precision)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,
-        candidate=candidate, default=default, reference=Fp64Accumulation(), controls=CONTROLS, summarize=summarize,
+        candidate=candidate, default=default, reference=Fp64Accumulation(), controls=CONTROLS,
+        format_floor=floor, secondary_references=(floor.path,), summarize=summarize,
         cpu_threads=1,  # small GEMMs: a second thread on a shared 2-core host made every path 20-50x slower
     )
 
@@ -121,8 +173,4 @@ def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     return [accumulation_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options, default=default)]
 
 
-def recipe_fuses(shape) -> bool:
-    return shape.recipe_fuses
-
-
-__all__ = ["NAME", "VERSION", "DESCRIPTION", "cpu_tier", "megatron_gpu_tier", "accumulation_lever", "recipe_fuses"]
+__all__ = ["NAME", "VERSION", "DESCRIPTION", "cpu_tier", "megatron_gpu_tier", "accumulation_lever", "wgrad_floor"]

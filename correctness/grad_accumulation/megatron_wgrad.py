@@ -58,10 +58,14 @@ from correctness.errors import PathUnavailable
 from correctness.grad_accumulation.inputs import AccumulationInputs, tensor_name
 from correctness.lever import PathOutput
 from correctness.provenance import megatron_core_version
+from references.rounding import round_toward_zero
 
 BUFFER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DROPPED, STALE = "one microbatch dropped", "main_grad not zeroed (the previous step's gradient left in)"
-MUTATIONS = (DROPPED, STALE)
+# A wrong implementation in the candidate's format (correctness.grad_accumulation.wrong): the wgrad
+# GEMM's output truncated to BF16 (its FP32 sum's low 16 bits dropped) instead of rounded to nearest.
+TRUNCATED = "each microbatch's weight gradient truncated to BF16"
+MUTATIONS = (DROPPED, STALE, TRUNCATED)
 CPU_SHIMS = ("fused_weight_gradient_mlp_cuda -> FP32 GEMM accumulate", "cuda current_device -> cpu",
              "low-precision matmul as cuBLAS")
 
@@ -136,7 +140,9 @@ def previous_step_gradient(inputs: AccumulationInputs) -> torch.Tensor:
 @dataclass(frozen=True)
 class MegatronWgrad:
     """A step's microbatches through Megatron's linear and DDP's hook, with or without the fusion,
-    into a main_grad of `buffer` dtype; `mutation` (a negative control) one of MUTATIONS."""
+    into a main_grad of `buffer` dtype; `mutation` (a negative control or a wrong implementation)
+    one of MUTATIONS. TRUNCATED replaces the unfused backward's BF16 weight gradient, before autograd
+    accumulates it (a hook on the weight), by the FP32 product truncated to BF16."""
 
     fused: bool
     buffer: str = "fp32"
@@ -147,6 +153,8 @@ class MegatronWgrad:
             raise ValueError(f"wgrad path: buffer {self.buffer!r} is not one of {', '.join(BUFFER_DTYPES)}")
         if self.mutation is not None and self.mutation not in MUTATIONS:
             raise ValueError(f"wgrad path: unknown mutation {self.mutation!r} (one of {', '.join(MUTATIONS)})")
+        if self.mutation == TRUNCATED and self.fused:
+            raise ValueError(f"wgrad path: {TRUNCATED} is a mistake of the unfused path (the fused one never rounds)")
 
     @property
     def label(self) -> str:
@@ -206,9 +214,18 @@ class MegatronWgrad:
         dropped = inputs.smallest_microbatch if self.mutation == DROPPED else None
         counts, snapshots = set(shape.counts), {}
         tp_group = TensorParallelSize(1)
+        current: dict[str, torch.Tensor] = {}
+        if self.mutation == TRUNCATED:
+            def truncated_product(grad: torch.Tensor) -> torch.Tensor:
+                x, dy = current["x"], current["dy"]
+                product = torch.mm(dy.reshape(-1, shape.rows).float().t(), x.reshape(-1, shape.cols).float())
+                return round_toward_zero(product).to(grad.dtype)
+
+            weight.register_hook(truncated_product)
         for m in range(shape.microbatches):
             if m != dropped:
                 x, dy = inputs.microbatch(m)
+                current.update(x=x, dy=dy)
                 out = linear(x, weight, None, gradient_accumulation_fusion=self.fused, allreduce_dgrad=False,
                              sequence_parallel=False, tp_group=tp_group)
                 out.backward(dy)

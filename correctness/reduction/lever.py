@@ -20,15 +20,23 @@ FP32 (the BF16 result upcast, exactly, as the distributed optimizer's FP32 main 
 Secondary reference (recorded, not judged): the FP64 sum of the gradients rounded to BF16, which
 separates the collective's own rounding from the rounding of the gradients into the BF16 buffer.
 
-Negative control: the candidate with one rank's gradient dropped from the sum (in each DP group of 2 or more,
-the rank with the smallest gradients, the hardest one to miss).
+Format floor (BF16, `BF16_FLOOR`): the FP64 sum with each rank's scaled gradient rounded to BF16
+once (as it enters the BF16 buffer) and the sum rounded to BF16 once (as the buffer holds it),
+otherwise exact. The ring's rounding of every partial sum at every hop is not in the floor: BF16
+does not force it (megatron-core's own reduce_scatter_with_fp32_accumulation, an all-to-all of the
+BF16 shards summed in FP32 and rounded once, avoids it), so it is the candidate's, judged against
+the floor (docs/levers/gradient-reduction-dtype.md).
+
+Negative control: the candidate with one rank's gradient dropped from the sum (in each DP group
+the rank with the smallest gradients, the hardest one to miss; at DP 1 the only rank, whose
+gradient then never reaches the buffer). Wrong BF16 reductions: correctness.reduction.wrong.
 """
 
 import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,7 +44,7 @@ import torch
 from correctness import tiers
 from correctness.distributed import run_ranks
 from correctness.errors import require_megatron_core
-from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
 from correctness.optimizer.layout import SMOKE, ParamScale, param_slices
 from correctness.provenance import megatron_core_version
@@ -57,9 +65,10 @@ from correctness.reduction.plan import (
 from correctness.reduction.ranks import from_portable, reduce_on_ranks
 from correctness.results import CaseResult
 from references.gradient_sum import fp64_sum
+from references.rounding import round_to_nearest
 
 NAME = "gradient-reduction-dtype"
-VERSION = 1
+VERSION = 2  # 2: the BF16 format floor; the control drops the only rank at DP 1
 SEEDS = (0,)
 LAYER = 0  # the model's first layer: its tensors (one TP rank's slices) are the buffer
 TP_RANK = 0
@@ -123,12 +132,16 @@ class ReductionInputs:
             self._gradients[rank] = rank_gradients(self.plan, rank)
         return self._gradients[rank]
 
-    def take(self, path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
+    def take(self, path: str, rank_path: RankPath | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
         """The next run of `path` (candidate, default, control), the run's details, and whether this
-        call made the distributed run."""
+        call made a distributed run. A path the plan does not carry (a wrong implementation's,
+        `rank_path`) gets a distributed run of its own when it first asks."""
         made = self._runs is None
         if made:
-            self._runs = self._distributed_run()
+            self._runs = self._distributed_run(self.plan)
+        if path not in self._runs and rank_path is not None and rank_path.name == path:
+            self._runs.update(self._distributed_run(replace(self.plan, paths=(rank_path,))))
+            made = True
         runs = self._runs[path]
         index = self._taken[path]
         if index >= len(runs):
@@ -136,8 +149,7 @@ class ReductionInputs:
         self._taken[path] += 1
         return runs[index], dict(self._details, run=index + 1), made
 
-    def _distributed_run(self) -> dict[str, list[dict[str, torch.Tensor]]]:
-        plan = self.plan
+    def _distributed_run(self, plan: ReductionPlan) -> dict[str, list[dict[str, torch.Tensor]]]:
         require_megatron_core()  # the ranks run its DDP gradient sync
         started = time.perf_counter()
         ranks = run_ranks(self.rank_function, plan.world_size, plan, timeout=self.timeout, cuda=plan.device == "cuda")
@@ -147,7 +159,7 @@ class ReductionInputs:
                 raise RuntimeError(f"rank {rank} drew other gradients than the reference sums (digests differ)")
         runs: dict[str, list[dict[str, torch.Tensor]]] = {}
         for path in plan.paths:
-            runs[path.name] = [self._assemble(ranks, path.name, run) for run in range(path.runs)]
+            runs[path.name] = [self._assemble(plan, ranks, path.name, run) for run in range(path.runs)]
         self._details = {
             "ranks": plan.world_size, "dp_sizes": list(plan.dp_sizes), "collective": plan.collective,
             "backend": self.shape.backend, "distributed_run_seconds": round(seconds, 3),
@@ -157,8 +169,8 @@ class ReductionInputs:
         }
         return runs
 
-    def _assemble(self, ranks: list[dict[str, Any]], path: str, run: int) -> dict[str, torch.Tensor]:
-        plan, tensors = self.plan, {}
+    def _assemble(self, plan: ReductionPlan, ranks: list[dict[str, Any]], path: str, run: int) -> dict[str, torch.Tensor]:
+        tensors = {}
         for dp in plan.dp_sizes:
             pieces = []
             members = [ranks[rank]["runs"][(dp, path)] for rank in range(dp)]
@@ -180,14 +192,16 @@ class ReductionInputs:
 
 @dataclass(frozen=True)
 class GradSync:
-    """A path: one of the ranks' syncs (the plan's `paths`), read from the case's run."""
+    """A path: one of the ranks' syncs (the plan's `paths`), read from the case's run; or, with
+    `rank_path` (a wrong implementation's sync, not in the plan), from a run of its own."""
 
     name: str
-    path: str  # "candidate", "default" or "control"
+    path: str  # "candidate", "default" or "control"; a wrong implementation's rank_path.name
     dtype: str
+    rank_path: RankPath | None = None
 
     def run(self, inputs: ReductionInputs) -> PathOutput:
-        tensors, details, made = inputs.take(self.path)
+        tensors, details, made = inputs.take(self.path, self.rank_path)
         if made:
             details["plan"] = plan_record(inputs.plan)
         else:
@@ -198,13 +212,20 @@ class GradSync:
         )
 
 
+def _to_bf16(values: torch.Tensor) -> torch.Tensor:
+    return round_to_nearest(values, torch.bfloat16)
+
+
 @dataclass(frozen=True)
 class Fp64Sum:
     """The FP64 reference: at each DP size, the scaled FP64 sum of ranks 0 .. DP-1's FP32 gradients
-    (`rounded`: of those gradients rounded to BF16 first, the secondary reference)."""
+    (`rounded`: of those gradients rounded to BF16 first, the secondary reference). `floor`: the
+    BF16 format floor instead (each scaled gradient and the sum rounded to BF16 once, FP64 between),
+    handed over in FP32 as the candidate hands its BF16 result over."""
 
     name: str
     rounded: bool = False
+    floor: bool = False
 
     def run(self, inputs: ReductionInputs) -> PathOutput:
         plan, tensors = inputs.plan, {}
@@ -213,8 +234,25 @@ class Fp64Sum:
                 grads = [inputs.gradients(rank)[spec.name] for rank in range(dp)]
                 if self.rounded:
                     grads = [g.to(torch.bfloat16) for g in grads]
-                tensors[tensor_name(dp, spec.name)] = fp64_sum(grads, plan.scaling_factor(dp))
+                if self.floor:
+                    summed = fp64_sum(grads, plan.scaling_factor(dp), rounding=_to_bf16).to(torch.float32)
+                else:
+                    summed = fp64_sum(grads, plan.scaling_factor(dp))
+                tensors[tensor_name(dp, spec.name)] = summed
         return PathOutput(tensors=tensors, backend=self.name)
+
+
+BF16_FLOOR = FormatFloor(
+    format="BF16",
+    roundings=(
+        "each rank's gradient, times Megatron's gradient scaling factor, to BF16 once, as it enters the BF16 grad"
+        " buffer",
+        "the reduced gradient to BF16 once, as the BF16 buffer holds it (not each hop's partial sum: a BF16"
+        " reduction that sums the BF16 shards in FP32, as megatron-core's reduce_scatter_with_fp32_accumulation"
+        " does, rounds the sum once)",
+    ),
+    path=Fp64Sum("fp64-sum through bf16 (format floor)", floor=True),
+)
 
 
 def _pooled(tensors, prefix: str, error: Callable[[Any], float]) -> float:
@@ -223,12 +261,20 @@ def _pooled(tensors, prefix: str, error: Callable[[Any], float]) -> float:
     return math.sqrt(sum((error(t) * t.reference_norm) ** 2 for t in chosen)) / norm if norm else math.nan
 
 
+def _powers(tensors, prefix: str) -> dict[str, float]:
+    """The largest and the least error/bound over the tensors of one DP size."""
+    powers = [t.error_over_bound for t in tensors if t.tensor.startswith(prefix)]
+    return {"power": max(powers), "least_tensor_power": min(powers)}
+
+
 def summarize(case: CaseResult) -> dict[str, Any]:
     """Per DP size: the candidate's worst error over its bound, its error ratios to the default,
     the pooled errors (relative L2 over every tensor), the collective's own error (against the FP64
-    sum of the BF16-rounded gradients) and the control's power."""
+    sum of the BF16-rounded gradients) and the control's power; against the BF16 format floor: the
+    floor's pooled error, the candidate's error over the format bound and the control's power."""
     dps = sorted({int(t.tensor.split("/")[0][2:]) for t in case.candidate.tensors})
     control = next((c.judgement for c in case.controls if c.judgement is not None), None)
+    judged_format = case.format
     summary: dict[str, Any] = {}
     for dp in dps:
         prefix = f"dp{dp}/"
@@ -247,12 +293,19 @@ def summarize(case: CaseResult) -> dict[str, Any]:
         }
         for secondary in case.secondary:
             entry["pooled_candidate_error_against_rounded_inputs"] = _pooled(secondary.tensors, prefix, lambda t: t.error)
-        if control is not None and dp == 1:
-            entry["control"] = "not applied at DP 1: no other rank to sum, the control is the candidate there"
-        elif control is not None:
-            powers = [t.error_over_bound for t in control.tensors if t.tensor.startswith(prefix)]
-            entry["control_power"] = max(powers)
-            entry["control_least_tensor_power"] = min(powers)
+        if control is not None:
+            powers = _powers(control.tensors, prefix)
+            entry["control_power"], entry["control_least_tensor_power"] = powers["power"], powers["least_tensor_power"]
+        if judged_format is not None:
+            against_floor = [t for t in judged_format.candidate.tensors if t.tensor.startswith(prefix)]
+            worst_format = max(against_floor, key=lambda t: t.error_over_bound)
+            entry["format"] = {
+                "pooled_floor_error": _pooled(judged_format.floor.tensors, prefix, lambda t: t.error),
+                "floor_fails_rule_on": sum(not t.passes for t in judged_format.floor.tensors if t.tensor.startswith(prefix)),
+                "worst_error_over_format_bound": worst_format.error_over_bound,
+                "worst_tensor": worst_format.tensor,
+                "controls": {c.name: _powers(c.judgement.tensors, prefix) for c in judged_format.controls},
+            }
         summary[f"dp{dp}"] = entry
     return summary
 
@@ -327,7 +380,8 @@ def reduction_setup(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
 
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="seeded-rank-gradients",
-             make_inputs=lambda device, seed=seed: make_inputs(device, seed), skip_reason=skip_reason)
+             make_inputs=lambda device, seed=seed: make_inputs(device, seed), skip_reason=skip_reason,
+             recipe_runs="candidate" if shape.recipe_reduces_in == "bf16" else "default")
         for seed in SEEDS
     )
     return ReductionSetup(shape=shape, cases=cases, recipe_ref=recipe.ref_for(model))
@@ -344,6 +398,7 @@ def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
         reference=Fp64Sum("fp64-sum"),
         secondary_references=(Fp64Sum("fp64-sum-of-bf16-rounded-gradients", rounded=True),),
         controls=(Control(name="one rank dropped", path=GradSync(f"bf16-{collective}-rank-dropped", "control", "bf16")),),
+        format_floor=BF16_FLOOR,
         summarize=summarize,
         cpu_threads=1,
     )

@@ -43,6 +43,13 @@ BUCKET_ALIGN = 128  # and the bucket's end to a multiple of lcm(DP, this)
 COLLECTIVES = ("reduce-scatter", "all-reduce")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUM, RANK_DROPPED, ORDER_VARIES = "sum", "rank dropped", "order varies"  # RankPath.variant
+# Wrong BF16 implementations (correctness.reduction.wrong; what each does: megatron_sync's docstring).
+TRUNCATED = "gradients truncated into the BF16 buffer"
+HOPS_THROUGH_FP8 = "each hop's partial sum through FP8 E4M3"
+# Megatron's other BF16 reduce-scatter (DDP's reduce_scatter_with_fp32_accumulation): the BF16 shards
+# exchanged by an all-to-all and summed in FP32, rounded to BF16 once; what the BF16 floor assumes.
+FP32_ACCUMULATION = "reduce-scatter with FP32 accumulation"
+VARIANTS = (SUM, RANK_DROPPED, ORDER_VARIES, TRUNCATED, HOPS_THROUGH_FP8, FP32_ACCUMULATION)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +58,7 @@ class RankPath:
     "default", "control"), `dtype` the buffer's, `variant` what it sums (SUM: Megatron's
     collective; RANK_DROPPED: one rank's gradient left out; ORDER_VARIES: the ranks' buffers
     gathered and summed in another order on each run, as a reduction whose order depends on
-    timing would). `deterministic`: torch.use_deterministic_algorithms(True) around the runs;
+    timing would; TRUNCATED and HOPS_THROUGH_FP8: wrong BF16 reductions). `deterministic`: torch.use_deterministic_algorithms(True) around the runs;
     `env`: environment variables set while its process groups are made and run (NCCL_ALGO, which
     NCCL reads when a group's communicator starts; paths with other `env` get groups of their own)."""
 
@@ -122,7 +129,7 @@ class ReductionPlan:
     collective: str  # one of COLLECTIVES: Megatron's, for the recipe's optimizer
     per_token_loss: bool  # True: gradient_scaling_factor 1.0; False: 1/dp, multiplied into the buffer first
     device: str  # "cpu" (gloo) or "cuda" (NCCL, one GPU per rank)
-    dropped: tuple[tuple[int, int], ...]  # (dp, rank) the control drops in each DP group of 2 ranks or more
+    dropped: tuple[tuple[int, int], ...]  # (dp, rank) the control drops in each DP group (at DP 1: the only rank)
     paths: tuple[RankPath, ...] = DTYPE_PATHS
 
     @property
@@ -140,10 +147,10 @@ class ReductionPlan:
         """Megatron's gradient_scaling_factor at this DP size (distributed_data_parallel.py)."""
         return 1.0 if self.per_token_loss else 1.0 / dp
 
-    def dropped_rank(self, dp: int) -> int | None:
-        """The rank whose gradient the control drops at DP size `dp`; None at DP 1 (no other rank
-        to sum: the control is the candidate there)."""
-        return dict(self.dropped).get(dp)
+    def dropped_rank(self, dp: int) -> int:
+        """The rank whose gradient the control drops at DP size `dp` (at DP 1 the only one: its
+        gradient never reaches the buffer, which stays zero)."""
+        return dict(self.dropped)[dp]
 
 
 def _generator(*numbers: int) -> torch.Generator:
@@ -175,8 +182,8 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
 def draw_plan(*, seed: int, specs: tuple[tuple[str, tuple[int, ...]], ...], dp_sizes: tuple[int, ...],
               collective: str, per_token_loss: bool, device: str, paths: tuple[RankPath, ...] = DTYPE_PATHS) -> ReductionPlan:
     """A case's plan: per-tensor scales and per-rank factors drawn from the seed; the control drops,
-    in each DP group of 2 ranks or more, the rank with the smallest factor (its gradient is the
-    hardest to miss)."""
+    in each DP group, the rank with the smallest factor (its gradient is the hardest to miss; at
+    DP 1 the only rank)."""
     if collective not in COLLECTIVES:
         raise ValueError(f"collective {collective!r} is not one of {COLLECTIVES}")
     if not dp_sizes or any(dp < 1 for dp in dp_sizes):
@@ -189,7 +196,7 @@ def draw_plan(*, seed: int, specs: tuple[tuple[str, tuple[int, ...]], ...], dp_s
     if world > LARGE_RANK:
         factors[LARGE_RANK] *= LARGE_FACTOR
     factors = tuple(factors.tolist())
-    dropped = tuple((dp, min(range(dp), key=lambda rank: factors[rank])) for dp in dp_sizes if dp > 1)
+    dropped = tuple((dp, min(range(dp), key=lambda rank: factors[rank])) for dp in dp_sizes)
     return ReductionPlan(
         seed=seed,
         tensors=tuple(TensorSpec(name=name, shape=tuple(shape), scale=scale) for (name, shape), scale in zip(specs, scales)),

@@ -9,10 +9,12 @@ every size. In each subgroup, every path's sync runs on that rank's own gradient
   (the repeat is a second collective on the same inputs);
 - default: `--accumulate-allreduce-grads-in-fp32` (grad_reduce_in_fp32 True): an FP32 buffer, twice;
 - control: the candidate with one rank's gradient dropped from the sum (that rank's buffer stays
-  zero, as if its gradients never reached it; the rank still joins the collective).
+  zero, as if its gradients never reached it; the rank still joins the collective; at DP 1 the
+  only rank: the result is zero).
 
 Those are the gradient-reduction-dtype lever's paths (plan.DTYPE_PATHS); a plan may carry others
-(the deterministic-mode lever's: plan.RankPath).
+(the deterministic-mode lever's, and the wrong BF16 reductions of correctness.reduction.wrong:
+plan.RankPath).
 
 One sync (`correctness.reduction.megatron_sync.grad_sync`) is megatron-core 0.16's own
 `_ParamAndGradBuffer` and `_ParamAndGradBucketGroup.start_grad_sync`, without overlap, on the
@@ -25,7 +27,6 @@ the rank's gradients; per DP size and path, the digest of every run's result, an
 parent assembles: each rank's shard after a reduce-scatter, rank 0's whole buffer after an
 all-reduce (the other ranks' digests must equal rank 0's). A repeat bitwise equal to its first run
 is returned as None (the parent reuses the first run's tensor: the same bits), to halve the transfer.
-At DP 1 the control drops nothing (there is no other rank to sum; plan.dropped_rank).
 """
 
 import contextlib
@@ -36,9 +37,7 @@ from typing import Any
 import torch
 
 from correctness.reduction.megatron_sync import grad_sync
-from correctness.reduction.plan import (
-    DTYPES, ORDER_VARIES, RANK_DROPPED, RankPath, ReductionPlan, digest, rank_gradients,
-)
+from correctness.reduction.plan import DTYPES, RANK_DROPPED, RankPath, ReductionPlan, digest, rank_gradients
 
 
 def portable(tensor: torch.Tensor) -> tuple[str, Any]:
@@ -109,8 +108,8 @@ def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str
             for run in range(path.runs):
                 with path_settings(path):
                     result = grad_sync(gradients, plan, layout, DTYPES[path.dtype], group, tp_groups[rank], device,
-                                       drop=path.variant == RANK_DROPPED and rank == dropped,
-                                       order_run=run if path.variant == ORDER_VARIES else None).cpu()
+                                       variant=path.variant, run=run,
+                                       drop=path.variant == RANK_DROPPED and rank == dropped).cpu()
                 digests.append(digest({"result": result}))
                 keep = plan.distributed_optimizer or rank == 0
                 if not keep or (run > 0 and _same_bits(result, firsts[0])):

@@ -16,6 +16,7 @@ per path, how many tokens chose another expert set than FP64 and how near to a t
 were (FP64's `boundary_gap`: the k-th best selection score minus the (k+1)-th).
 """
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -76,11 +77,17 @@ class RouterInputs:
 
     @cached_property
     def reference(self) -> dict[str, torch.Tensor]:
+        return self.routed()
+
+    def routed(self, round_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               round_scores: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """FP64 routing of these inputs (references.router.route), the logits and the scores passed
+        through `round_logits` and `round_scores` where given (a format floor's roundings)."""
         s = self.shape
         return route(self.hidden.reshape(-1, s.hidden), self.weight, top_k=s.top_k, score_function=s.score_function,
                      scaling_factor=s.scaling_factor, expert_bias=self.expert_bias, router_bias=self.router_bias,
                      pre_softmax=s.pre_softmax, num_groups=s.num_groups, group_topk=s.group_topk,
-                     upstream=self.upstream)
+                     upstream=self.upstream, round_logits=round_logits, round_scores=round_scores)
 
     def routing_figures(self, routing_map: torch.Tensor, logits_dtype: torch.dtype) -> dict[str, Any]:
         """How a path's choice of experts compares with FP64's, token by token; near-ties: the

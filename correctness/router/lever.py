@@ -20,9 +20,17 @@ gating linear's own backward, each in the parameter's and the input's dtype, BF1
 summary records the fraction of tokens whose expert set differs from FP64's, for the candidate and
 the default, and how near to a tie those tokens were in FP64.
 
-Negative controls, built from the candidate (Megatron's router with one thing wrong): the expert
-bias ignored in the choice (where the recipe enables it), top-k one less, the scaling factor left
-out (where there is one), the weights not normalised over the chosen experts.
+Format floor (correctness/router/floor.py), where the candidate's logits are BF16: FP64 routing from
+the logits rounded to BF16 once, everything after them exact, its outputs rounded to BF16. The
+case is `format-limited` where the candidate fails the rule only as a BF16 router must: its logits
+and its score tensor in BF16 (docs/levers/moe-router-dtype.md).
+
+Negative controls, built from the candidate (Megatron's router with one thing wrong), each judged
+against the rule and against the format bound (2 x the floor's error + 1e-3), which every one
+fails on every case measured: the expert bias ignored in the choice (where the recipe enables it),
+top-k one less (an expert dropped per token; up to top-8, see TOP_K_ONE_LESS_MAX), the scaling factor left out (where there is one), the
+weights not normalised over the chosen experts, and the score function swapped (softmax for a
+sigmoid router, as Megatron's sequence aux loss once did, or sigmoid for a softmax one).
 
 Tiers: "megatron-cpu" (smoke scale: SMOKE_TOKENS tokens at the recipe's hidden size and experts;
 the CPU shims of megatron_router.py) and "megatron" (a CUDA GPU with TE: TopKRouter as the recipe
@@ -37,17 +45,23 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.lever import Case, Control, Lever, LeverOptions, PathOutput, Tier
+from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, Tier
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
-from correctness.router.inputs import RouterInputs, RouterShape, make_inputs
+from correctness.router.floor import Fp64Routing, logits_floor
+from correctness.router.inputs import RouterShape, make_inputs
 from correctness.router.megatron_router import ROUTER_DTYPE_NAMES, MegatronRouter
 from correctness.router.settings import RouterSettings, router_settings
 
 NAME = "moe-router-dtype"
-VERSION = 1
+VERSION = 2  # 2: the BF16 format floor (logits and scores); the controls judged against it
 SMOKE_TOKENS = 1024
 SEEDS = (0,)
+# One expert fewer per token moves a token's weights by about 1/k of them. Above this k that is
+# within what a BF16 router's own rounding moves them (Nemotron, top-22 of 512: the control sits at
+# 0.85 of the format bound, where BF16 routing changes 22% of the tokens' expert sets), so the format
+# bound cannot tell the control from an honest router there; the case's other controls judge it.
+TOP_K_ONE_LESS_MAX = 8
 DESCRIPTION = "Megatron's MoE router with its logits in {candidate} against {default} and FP64 routing"
 
 
@@ -63,16 +77,13 @@ def router_shape(recipe: Recipe, model: ModelFacts, settings: RouterSettings, sc
     )
 
 
-class Fp64Routing:
-    name = "fp64-routing"
-
-    def run(self, inputs: RouterInputs) -> PathOutput:
-        reference = inputs.reference
-        return PathOutput(tensors={
-            "logits": reference["logits"], "combination_weights": reference["weights"],
-            "grad_router_weight": reference["grad_weight"],
-            "grad_hidden": reference["grad_hidden"],
-        }, backend=self.name)
+def top_k_one_less_inapplicable(shape: RouterShape) -> str | None:
+    if shape.top_k < 2:
+        return "the recipe's router has no second expert per token"
+    if shape.top_k > TOP_K_ONE_LESS_MAX:
+        return (f"at top-{shape.top_k} one expert fewer moves a token's weights by about 1/{shape.top_k}, within what"
+                " BF16 routing itself moves them: the format bound cannot tell it from an honest router")
+    return None
 
 
 def controls(candidate: MegatronRouter) -> tuple[Control, ...]:
@@ -83,13 +94,14 @@ def controls(candidate: MegatronRouter) -> tuple[Control, ...]:
         Control(name="expert bias ignored in the choice", path=replace(candidate, mutation="expert bias ignored"),
                 why_inapplicable=needs("expert bias", lambda s: s.expert_bias)),
         Control(name="top-k one less", path=replace(candidate, mutation="top-k - 1"),
-                why_inapplicable=needs("second expert per token", lambda s: s.top_k > 1)),
+                why_inapplicable=lambda case: top_k_one_less_inapplicable(case.shape)),
         Control(name="scaling factor left out", path=replace(candidate, mutation="scaling factor left out"),
                 why_inapplicable=needs("scaling factor", lambda s: s.scaling_factor not in (None, 1.0))),
         Control(name="weights not normalised over the chosen experts",
                 path=replace(candidate, mutation="weights not normalised"),
                 why_inapplicable=needs("normalisation (top-1 sigmoid)",
                                        lambda s: s.top_k > 1 or s.score_function == "softmax")),
+        Control(name="score function swapped", path=replace(candidate, mutation="score function swapped")),
     )
 
 
@@ -100,6 +112,13 @@ def summarize(result: Any) -> dict[str, Any]:
         if run is not None and "routing" in run.details:
             figures[role] = run.details["routing"]
     return {"expert_set_vs_fp64": figures} if figures else {}
+
+
+def format_floor(candidate: MegatronRouter, shape: RouterShape) -> FormatFloor | None:
+    """The floor of logits in the input's dtype (BF16), where the candidate's router runs with them."""
+    if candidate.router_dtype is not None:
+        return None
+    return logits_floor(shape.torch_dtype, candidate.judged_dtype)
 
 
 def choose(settings: RouterSettings, candidate_dtype: str | None = None) -> tuple[MegatronRouter, MegatronRouter]:
@@ -118,9 +137,10 @@ def router_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOption
     settings = router_settings(recipe, model)
     candidate, default = choose(settings, candidate_dtype)
     shape = router_shape(recipe, model, settings, scale)
+    runs = {candidate.router_dtype: "candidate", default.router_dtype: "default"}.get(settings.router_dtype, "neither")
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
-             make_inputs=partial(make_inputs, shape, seed))
+             make_inputs=partial(make_inputs, shape, seed), recipe_runs=runs)
         for seed in SEEDS
     )
     names = {None: "BF16", "fp32": "FP32", "fp64": "FP64"}
@@ -128,7 +148,7 @@ def router_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOption
         name=NAME, version=VERSION, tier=tier, recipe=recipe.ref_for(model), cases=cases,
         description=DESCRIPTION.format(candidate=names[candidate.router_dtype], default=names[default.router_dtype]),
         candidate=candidate, default=default, reference=Fp64Routing(), controls=controls(candidate),
-        summarize=summarize,
+        summarize=summarize, format_floor=format_floor(candidate, shape),
     )
 
 

@@ -33,10 +33,15 @@ tokens per expert, under no_grad, which changes no output; compiling it would co
 The aux losses are off (coefficient 0, as every recipe here sets or leaves it), so no process group
 is used: the groups are stand-ins that report size 1.
 
-Negative controls are this path with one thing wrong (`mutation`): the expert bias zeroed (ignored
-in the choice), top-k one less, the scaling factor left out, or the weights not normalised (the
-chosen sigmoid scores kept as they are; with softmax scoring, moe_router_pre_softmax flipped, so
-that the softmax runs over all experts instead of the chosen ones).
+Negative controls are this path with one thing wrong (`mutation`, CONTROL_MUTATIONS): the expert
+bias zeroed (ignored in the choice), top-k one less, the scaling factor left out, the weights not
+normalised (the chosen sigmoid scores kept as they are; with softmax scoring, moe_router_pre_softmax
+flipped, so that the softmax runs over all experts instead of the chosen ones), or the score
+function swapped (sigmoid for softmax and back; Megatron takes an expert bias only with sigmoid, so
+a sigmoid router swapped to softmax loses its bias too). The wrong implementations in BF16
+(FORMAT_MUTATIONS, correctness/router/wrong.py) replace the values of the gating call's BF16 logits
+and keep its backward: the FP32 product truncated to BF16, or a split-K product whose partial sums
+are rounded and added in BF16.
 """
 
 import contextlib
@@ -56,7 +61,48 @@ from correctness.lever import PathOutput
 from correctness.provenance import megatron_core_version
 
 ROUTER_DTYPE_NAMES = {None: "bf16", "fp32": "fp32", "fp64": "fp64"}  # moe_router_dtype -> the logits' dtype at BF16 inputs
-MUTATIONS = ("expert bias ignored", "top-k - 1", "scaling factor left out", "weights not normalised")
+SPLIT_K = 16  # the gating GEMM's K splits in the split-K mutation
+# Negative controls: the router with one thing wrong in its configuration or its weights.
+CONTROL_MUTATIONS = ("expert bias ignored", "top-k - 1", "scaling factor left out", "weights not normalised",
+                     "score function swapped")
+# Wrong implementations in the candidate's own format (correctness/router/wrong.py): BF16 logits
+# made otherwise than by one rounding to nearest of the FP32 product.
+LOGITS_TRUNCATED = "logits truncated to BF16"
+LOGITS_SPLIT_K = f"gating GEMM split-K ({SPLIT_K}) partial sums reduced in BF16"
+FORMAT_MUTATIONS = (LOGITS_TRUNCATED, LOGITS_SPLIT_K)
+MUTATIONS = CONTROL_MUTATIONS + FORMAT_MUTATIONS
+
+
+def truncated(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FP32 values to BF16 rounded toward zero (the low 16 bits dropped), not to nearest even."""
+    if dtype != torch.bfloat16:
+        raise ValueError(f"router path: truncation is defined here for BF16 logits, not {dtype}")
+    return (values.float().contiguous().view(torch.int32) & -65536).view(torch.float32).to(dtype)
+
+
+def split_k_product(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """hidden @ weight^T (+ bias) as a split-K GEMM whose partial sums are reduced in `dtype`: each
+    of `splits` blocks of the hidden dimension is an FP32 product rounded to `dtype`, and they are
+    added one by one in `dtype` (cuBLAS's reduced-precision split-K reduction, which torch allows by
+    default for BF16: allow_bf16_reduced_precision_reduction); a bias is added last, in `dtype`."""
+    total = None
+    for h, w in zip(hidden.chunk(splits, dim=1), weight.chunk(splits, dim=1)):
+        partial = torch.mm(h.float(), w.float().t()).to(dtype)
+        total = partial if total is None else total + partial
+    return total if bias is None else total + bias.to(dtype)
+
+
+class _ForwardReplaced(torch.autograd.Function):
+    """`value` in the forward, the gradient passed to `tensor` in the backward."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
 @contextlib.contextmanager
@@ -114,19 +160,26 @@ class MegatronRouter:
         pre_softmax = settings.pre_softmax
         if self.mutation == "weights not normalised" and settings.score_function == "softmax":
             pre_softmax = not pre_softmax
+        score_function, expert_bias = settings.score_function, settings.expert_bias
+        if self.mutation == "score function swapped":
+            # Megatron takes an expert bias only with sigmoid scoring, so softmax drops it too, and
+            # softmax at top-1 only before the choice
+            score_function = "softmax" if score_function == "sigmoid" else "sigmoid"
+            expert_bias = expert_bias and score_function == "sigmoid"
+            pre_softmax = score_function == "softmax" and (pre_softmax or top_k == 1)
         with warnings.catch_warnings():  # about fields no router call reads, and Megatron's advice against BF16 routing
             for message in ("moe_ffn_hidden_size is not set", "full scope is deprecated", "without fp32 routing"):
                 warnings.filterwarnings("ignore", message=f".*{message}", category=UserWarning)
-            return self._config(settings, top_k, pre_softmax)
+            return self._config(settings, top_k, pre_softmax, score_function, expert_bias)
 
-    def _config(self, settings, top_k, pre_softmax):
+    def _config(self, settings, top_k, pre_softmax, score_function, expert_bias):
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         return TransformerConfig(
             num_layers=1, hidden_size=settings.hidden, num_attention_heads=1,
             num_moe_experts=settings.experts, moe_router_topk=top_k,
-            moe_router_score_function=settings.score_function,
-            moe_router_enable_expert_bias=settings.expert_bias,
+            moe_router_score_function=score_function,
+            moe_router_enable_expert_bias=expert_bias,
             moe_router_topk_scaling_factor=None if self.mutation == "scaling factor left out" else settings.scaling_factor,
             moe_router_num_groups=settings.num_groups, moe_router_group_topk=settings.group_topk,
             moe_router_pre_softmax=pre_softmax, moe_router_dtype=self.router_dtype,
@@ -165,7 +218,7 @@ class MegatronRouter:
             router = self.module(inputs)
             gated = []  # the logits of the router's own gating call, kept as it returns them
             gating = router.gating
-            router.gating = lambda x: gated.append(gating(x)) or gated[-1]
+            router.gating = lambda x: gated.append(self._logits(router, x, gating(x))) or gated[-1]
             hidden = inputs.hidden.detach().clone().requires_grad_()
             probs, routing_map = router(hidden)
             logits = gated[0].detach().reshape(-1, inputs.shape.experts)
@@ -200,6 +253,20 @@ class MegatronRouter:
             )},
             backend=backend, details=details,
         )
+
+    def _logits(self, router, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The gating call's logits; under a logits mutation, other values of the same dtype in
+        their place, with Megatron's own gating backward (the forward value replaced only)."""
+        if self.mutation not in (LOGITS_TRUNCATED, LOGITS_SPLIT_K):
+            return logits
+        h = hidden.detach().reshape(-1, hidden.shape[-1])
+        weight, bias = router.weight.detach(), None if router.bias is None else router.bias.detach()
+        if self.mutation == LOGITS_TRUNCATED:
+            product = torch.mm(h.float(), weight.float().t()) + (0.0 if bias is None else bias.float())
+            wrong = truncated(product, logits.dtype)
+        else:
+            wrong = split_k_product(h, weight, bias, SPLIT_K, logits.dtype)
+        return _ForwardReplaced.apply(logits, wrong.reshape(logits.shape))
 
     @staticmethod
     def _unnormalised(router, gated, routing_map):
