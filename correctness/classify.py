@@ -49,6 +49,7 @@ FAILED = "fail"  # numerics, its lever failed
 MISSING = "missing"  # numerics, no result for its lever, or an incomplete one
 REVIEW = "review"  # unknown argument, or numerics without a lever
 ERROR = "error"  # must-match: a configuration error
+MEGATRON_DEFAULTS = "Megatron's defaults (no reference recipe)"  # what a recipe without one is classed against
 
 
 class RulesError(CorrectnessError):
@@ -263,7 +264,7 @@ class Classification:
         outcomes = {change.outcome for change in self.changes}
         if outcomes & {ERROR, FAILED}:
             return "fail"
-        if outcomes & {REVIEW, MISSING}:
+        if outcomes & {REVIEW, MISSING} or self.reference == MEGATRON_DEFAULTS:  # no reference: unjudged arguments
             return "incomplete"
         return "pass"
 
@@ -390,9 +391,6 @@ def classify(candidate: Recipe, reference_arguments: Arguments, rules: Rules | N
     ]
     return Classification(recipe=candidate.id, reference=reference, rules=rules.source, changes=tuple(changes),
                           lever_results=results)
-
-
-MEGATRON_DEFAULTS = "Megatron's defaults (no reference recipe)"
 
 
 def defaults_reference(candidate: Recipe, rules: Rules) -> dict[str, list[list[str]]]:

@@ -24,6 +24,7 @@ from correctness.classify import (
     MEGATRON_DEFAULTS,
     Change,
     Classification,
+    Rules,
     classify_against_defaults,
     classify_recipe,
     convergence_passes,
@@ -104,12 +105,12 @@ class RecipeVerdict:
         }
 
 
-def recipe_changes(recipe: Recipe, reference: str | Path | None = None) -> Classification:
+def recipe_changes(recipe: Recipe, reference: str | Path | None = None, rules: Rules | None = None) -> Classification:
     """The recipe's changes: against the given reference, else its default reference where it has
     one, else its numerics arguments against Megatron's defaults."""
     if reference is None and not reference_path(recipe).is_file():
-        return classify_against_defaults(recipe)
-    return classify_recipe(recipe, reference)
+        return classify_against_defaults(recipe, rules)
+    return classify_recipe(recipe, reference, rules)
 
 
 def change_text(change: Change) -> str:

@@ -20,6 +20,7 @@ def run_attach_check(recipe: Path, tmp_path: Path, *run_args: str, check_args: t
     finished = cli("run", str(recipe), "--results-dir", str(tmp_path / "results"), "--json", *run_args, cwd=tmp_path)
     assert finished.returncode in (0, 1), finished.stdout[-3000:] + finished.stderr[-6000:]
     run = json.loads(finished.stdout)
+    run["report"] = finished.stderr  # pytest's report and the verdicts, off stdout under --json
     assert run["exit_status"] == finished.returncode == (0 if run["verdict"]["verdict"] == "pass" else 1)
     copy = tmp_path / "copy" / recipe.name
     copy.parent.mkdir()
@@ -40,3 +41,15 @@ def assert_check_agrees_with_run(run: dict, check: dict) -> None:
     assert set(shown) == set(said), (shown, said)
     for lever, verdict in said.items():
         assert shown[lever] == (None if verdict == NOT_RUN else verdict), (lever, shown[lever], verdict)
+
+
+def assert_fits_a_terminal(report: str) -> None:
+    """`correctness run`'s report: every line at most LINE_WIDTH (a record's path, printed whole to
+    be copied, aside), and every line of the lever verdict tables at most TABLE_WIDTH."""
+    from correctness.report import LINE_WIDTH, TABLE_WIDTH
+
+    lines = [line for line in report.splitlines() if not line.startswith("  record: ")]
+    assert max(map(len, lines)) <= LINE_WIDTH, max(lines, key=len)
+    tables = report.split(" lever verdicts ")[1].split("short test summary")[0].splitlines()[1:]
+    tables = [line for line in tables if not line.startswith(("  record: ", "===="))]
+    assert tables and max(map(len, tables)) <= TABLE_WIDTH, max(tables, key=len)

@@ -11,7 +11,7 @@ from correctness.check import check_recipe
 from correctness.cli import main
 from correctness.fixtures import recipe_path
 from correctness.recipes import load_document, write_recipe
-from recipe_agreement import assert_check_agrees_with_run, run_attach_check
+from recipe_agreement import assert_check_agrees_with_run, assert_fits_a_terminal, run_attach_check
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
@@ -143,6 +143,7 @@ def test_a_seed_recipe_passes_on_the_cpu_and_check_agrees_with_run(recipe_id, tm
     assert run["exit_status"] == 0 and run["verdict"]["verdict"] == "pass", run["verdict"]
     assert run["verdict"]["not_changed"] == []
     assert_check_agrees_with_run(run, check)
+    assert_fits_a_terminal(run["report"])
     levers = [finding for finding in check["findings"] if finding.get("lever")]
     assert levers and all(f["cpu_result"] == "pass" for f in levers), levers
     # The recipe's verdict counts its GPU's results only: Gemma's carries its H100 results, Nemotron's none.

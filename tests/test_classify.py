@@ -382,10 +382,13 @@ def test_bad_component_tests(tmp_path):
         classify_copy(path, NEMOTRON)
 
 
-def test_missing_reference(tmp_path, run_cli):
-    path = copy_recipe(tmp_path, GEMMA)
-    err = _one_line_error(run_cli, path)  # its id is gemma-4-31b/h100/candidate: no default reference
-    assert "references/gemma-4-31b/h100/candidate.yaml: no such file" in err and "--reference" in err
+def test_a_recipe_without_a_reference_is_classed_against_megatrons_defaults(tmp_path, run_cli):
+    path = copy_recipe(tmp_path, GEMMA)  # its id is gemma-4-31b/h100/candidate: no default reference
+    status, out, err = run_cli("--json", path)
+    data = json.loads(out)
+    assert status == 1 and data["reference"] == "Megatron's defaults (no reference recipe)"
+    assert data["verdict"] == "incomplete"  # the other arguments cannot be judged without one
+    assert {change["class"] for change in data["changes"]} == {"numerics"}
     err = _one_line_error(run_cli, path, "--reference", tmp_path / "nowhere.yaml")
     assert "nowhere.yaml: cannot be read (No such file or directory)" in err
 

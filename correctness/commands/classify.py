@@ -10,14 +10,17 @@ recipe carries for it in correctness.component_tests (matched by an entry's `lev
 `test:` title).
 
 The reference is REFERENCE (any YAML file with a `run:` script, a whole recipe included), by default
-fixtures/references/<candidate recipe id>.yaml.
+fixtures/references/<candidate recipe id>.yaml; where there is none, the recipe's numerics arguments
+are classed against Megatron's defaults (the rules' `default`), as `correctness run` judges them, and
+the configuration is at best incomplete: the other arguments cannot be judged without a reference.
 
 Configuration verdict: pass (no must-match change, no unknown argument, every numerics change's
 lever passed), fail (a must-match change, or a numerics change whose lever failed), or incomplete
 (an argument needs review, or a lever has no result).
 
 Exit status: 0 the configuration passes; 1 it fails or is incomplete; 2 bad input (a malformed
-recipe, no run script, no correctness block where a lever result is needed, a missing reference).
+recipe, no run script, no correctness block where a lever result is needed, a --reference that is
+missing).
 """
 
 import argparse
@@ -32,11 +35,11 @@ from correctness.classify import (
     UNKNOWN,
     Change,
     Classification,
-    classify_recipe,
     load_rules,
 )
 from correctness.commands import EXIT_FAIL, EXIT_OK, emit, table_width
 from correctness.files import shown_path
+from correctness.recipe_verdict import recipe_changes
 from correctness.recipes import load_recipe
 from correctness.report import format_table
 from correctness.entries import format_limited_sentence
@@ -114,6 +117,6 @@ def report_lines(classification: Classification, width: int | None = None) -> li
 def run(args: argparse.Namespace) -> int:
     rules = load_rules(args.rules)
     candidate = load_recipe(args.candidate)
-    classification = classify_recipe(candidate, args.reference, rules)
+    classification = recipe_changes(candidate, args.reference, rules)
     emit(args, report_lines(classification, table_width(args)), classification.to_dict())
     return EXIT_OK if classification.verdict == "pass" else EXIT_FAIL
