@@ -13,8 +13,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "torch==$(CPU_TORCH)"
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==$(CPU_TORCH)"
+	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
