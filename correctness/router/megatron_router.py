@@ -59,6 +59,7 @@ from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import require_megatron_core
 from correctness.lever import PathOutput
 from correctness.provenance import megatron_core_version
+from references.rounding import round_toward_zero
 
 ROUTER_DTYPE_NAMES = {None: "bf16", "fp32": "fp32", "fp64": "fp64"}  # moe_router_dtype -> the logits' dtype at BF16 inputs
 SPLIT_K = 16  # the gating GEMM's K splits in the split-K mutation
@@ -71,13 +72,6 @@ LOGITS_TRUNCATED = "logits truncated to BF16"
 LOGITS_SPLIT_K = f"gating GEMM split-K ({SPLIT_K}) partial sums reduced in BF16"
 FORMAT_MUTATIONS = (LOGITS_TRUNCATED, LOGITS_SPLIT_K)
 MUTATIONS = CONTROL_MUTATIONS + FORMAT_MUTATIONS
-
-
-def truncated(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """FP32 values to BF16 rounded toward zero (the low 16 bits dropped), not to nearest even."""
-    if dtype != torch.bfloat16:
-        raise ValueError(f"router path: truncation is defined here for BF16 logits, not {dtype}")
-    return (values.float().contiguous().view(torch.int32) & -65536).view(torch.float32).to(dtype)
 
 
 def split_k_product(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int,
@@ -263,7 +257,7 @@ class MegatronRouter:
         weight, bias = router.weight.detach(), None if router.bias is None else router.bias.detach()
         if self.mutation == LOGITS_TRUNCATED:
             product = torch.mm(h.float(), weight.float().t()) + (0.0 if bias is None else bias.float())
-            wrong = truncated(product, logits.dtype)
+            wrong = round_toward_zero(product.float(), logits.dtype)
         else:
             wrong = split_k_product(h, weight, bias, SPLIT_K, logits.dtype)
         return _ForwardReplaced.apply(logits, wrong.reshape(logits.shape))
