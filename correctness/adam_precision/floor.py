@@ -26,10 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from correctness.adam_precision.paths import StateDtypes, named_outputs
-from correctness.adam_precision.state import load, rounded, store
+from correctness.adam_precision.state import load, store
 from correctness.lever import PathOutput
 from correctness.optimizer.inputs import OptimizerUnit
 from references.adamw import adamw_run, clip_coefficient
+from references.rounding import round_to_nearest
 
 FORMAT = "lowered-precision Adam state"
 ROUNDINGS = (
@@ -70,7 +71,8 @@ class Fp64StoredAdamW:
             clip_coefficients=[clip_coefficient(norm, unit.config.clip_grad) for norm in unit.grad_norms],
             stored=stored,
         )
-        bf16 = rounded(before_storage["master"], torch.bfloat16)  # as TE writes it, from the master it computed
+        # the BF16 parameter as TE writes it, from the master it computed
+        bf16 = round_to_nearest(before_storage["master"], torch.bfloat16)
         tensors = named_outputs(unit, result["master"], bf16, result["exp_avg"], result["exp_avg_sq"])
         return PathOutput(
             tensors={name: t if t.dtype == torch.bfloat16 else t.float() for name, t in tensors.items()},

@@ -33,16 +33,18 @@ What this emulation is not: the CUDA kernel (its FMA contraction, its multi-tens
 Float8Tensor class, or FP8 parameters; the GPU tier runs TE itself.
 
 The same storage serves the lever's format floor (correctness.adam_precision.floor): `store` also
-takes FP64 values, which it rounds once, correctly, to the storage format (torch converts FP64 to
-BF16, FP16 and E4M3 through FP32, two roundings, so `rounded` goes through FP32 rounded to odd),
-with the scale computed as TE computes it, in FP32 from the absmax rounded to FP32; `load` reads
-them back in FP64. `toward_zero` (a wrong implementation, correctness.adam_precision.wrong) rounds
-toward zero instead of to nearest even.
+takes FP64 values, which it rounds once, correctly, to the storage format (references.rounding;
+torch converts FP64 to BF16, FP16 and E4M3 through FP32, two roundings), with the scale computed as
+TE computes it, in FP32 from the absmax rounded to FP32; `load` reads them back in FP64.
+`toward_zero` (a wrong implementation, correctness.adam_precision.wrong) rounds toward zero instead
+of to nearest even.
 """
 
 from dataclasses import dataclass
 
 import torch
+
+from references.rounding import round_to_nearest, round_toward_zero
 
 FP16_STATE_RANGE = torch.finfo(torch.float16).max / 2.0  # fused_adam.py: dtype_to_range_map
 FP8_STATE_RANGE = 448.0  # E4M3's largest finite value
@@ -103,9 +105,9 @@ def store(fmt: StateFormat, x: torch.Tensor, *, scaled: bool = True, toward_zero
     the FP16 and FP8 formats; `toward_zero` (a wrong implementation) truncates."""
     if x.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"state values must be FP32 (or FP64, the floor's) before storing, got {x.dtype}")
+    saturate = fmt.storage == torch.float8_e4m3fn  # at +-448, as CUDA's conversion
     if fmt.scale_range is None or not scaled:
-        values = x.clamp(-FP8_STATE_RANGE, FP8_STATE_RANGE) if fmt.storage == torch.float8_e4m3fn else x
-        return Stored(values=rounded(values, fmt.storage, toward_zero=toward_zero))
+        return Stored(values=rounded(x, fmt.storage, toward_zero=toward_zero, saturate=saturate))
     low, high = torch.aminmax(x)
     absmax = torch.maximum(-low, high).float()
     scale = absmax / _fp32(fmt.scale_range)  # FP32 division, as torch.div(absmax, max_range, out=scale)
@@ -113,8 +115,7 @@ def store(fmt: StateFormat, x: torch.Tensor, *, scaled: bool = True, toward_zero
         reciprocal = torch.where(scale > 0, scale.reciprocal(), _fp32(0.0))
         return Stored(values=rounded(x * reciprocal, torch.float16, toward_zero=toward_zero), factor=scale)
     quantizer_scale = _fp32(1.0) / scale  # the quantizer's scale; infinite for an all-zero state, as in TE
-    clamped = (x * quantizer_scale).clamp(-FP8_STATE_RANGE, FP8_STATE_RANGE)
-    return Stored(values=rounded(clamped, torch.float8_e4m3fn, toward_zero=toward_zero),
+    return Stored(values=rounded(x * quantizer_scale, fmt.storage, toward_zero=toward_zero, saturate=saturate),
                   factor=_fp32(1.0) / quantizer_scale)
 
 
@@ -125,31 +126,13 @@ def load(stored: Stored, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return values if stored.factor is None else values * stored.factor
 
 
-_SAME_SIZE_INTS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-                   torch.float8_e4m3fn: torch.int8}
-
-
-def rounded(x: torch.Tensor, storage: torch.dtype, *, toward_zero: bool = False) -> torch.Tensor:
-    """`x` (FP32, or FP64) rounded once to `storage`: to nearest even, or toward zero. An FP64 value
-    goes through FP32 rounded to odd (toward zero, the last bit set where inexact), which keeps
-    enough to round once more correctly to any format of 22 bits or fewer."""
-    if x.dtype == torch.float64 and storage != torch.float32:
-        truncated = _one_unit_toward_zero(x, x.float())
-        inexact = (truncated.double() != x).to(torch.int32)
-        x32 = (truncated.view(torch.int32) | inexact).view(torch.float32)
-        nearest = x32.to(storage)
-    else:
-        nearest = x.to(storage)
-    return _one_unit_toward_zero(x, nearest) if toward_zero else nearest
-
-
-def _one_unit_toward_zero(x: torch.Tensor, nearest: torch.Tensor) -> torch.Tensor:
-    """`nearest` (x rounded to nearest in a narrower format) moved one unit toward zero where it is
-    farther from zero than x: x rounded toward zero. The formats are sign and magnitude, so one unit
-    less magnitude is one less in the bit pattern read as an integer."""
-    bits = nearest.view(_SAME_SIZE_INTS[nearest.dtype])
-    away = nearest.to(x.dtype).abs() > x.abs()
-    return torch.where(away, bits - 1, bits).view(nearest.dtype)
+def rounded(x: torch.Tensor, storage: torch.dtype, *, toward_zero: bool = False,
+            saturate: bool = False) -> torch.Tensor:
+    """`x` (FP32, or FP64) rounded once to `storage` by references.rounding: to nearest even, or
+    toward zero (`toward_zero`, a wrong implementation); `saturate`: clamped to the format's
+    largest finite value first."""
+    rounding = round_toward_zero if toward_zero else round_to_nearest
+    return rounding(x, storage, saturate=saturate)
 
 
 def split_remainder(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

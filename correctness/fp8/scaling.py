@@ -24,14 +24,17 @@ Format.HYBRID):
 TE computes a scale as common/recipe/recipe_common.cuh's compute_scale_from_amax: scale = fp8
 max / amax in FP32 (1 where amax is 0, Inf or NaN), its mantissa cleared for a power of two; the
 value is cast with CUDA's saturating conversion (__NV_SATFINITE), and the GEMM multiplies by the
-inverse scale. torch's cast to float8_e5m2 overflows to Inf instead, so values are clamped to the
-format's largest finite value first (the same result as the saturating cast).
+inverse scale. torch's cast to float8_e5m2 overflows to Inf instead, so the cast here
+(references.rounding with `saturate`) clamps values to the format's largest finite value first (the
+same result as the saturating cast).
 """
 
 import math
 from dataclasses import dataclass, field
 
 import torch
+
+from references.rounding import round_to_nearest, round_toward_zero
 
 RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 FORMATS = ("e4m3", "hybrid")
@@ -187,19 +190,12 @@ class Quantized:
         return _unblocked(_blocks(values, self.block) * scale_inv[:, None, :, None], self.data.shape)
 
 
-def _toward_zero(scaled: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
-    """`rounded` (the FP8 cast of `scaled`) moved one step toward zero where it rounded away from
-    zero: truncation. FP8's encodings are sign and magnitude, so one step is the byte less one."""
-    away = rounded.float().abs() > scaled.abs()
-    bits = rounded.view(torch.uint8)
-    return torch.where(away, bits - 1, bits).view(rounded.dtype)
-
-
 def _cast(scaled: torch.Tensor, fmt: Fp8Dtype, count_saturated: bool, truncate: bool) -> tuple[torch.Tensor, int]:
+    """The FP32 `scaled` cast to `fmt`, saturating (toward zero: `truncate`, a wrong implementation),
+    and how many elements saturated (counted only where `count_saturated`)."""
     saturated = int(torch.count_nonzero(scaled.abs() > fmt.saturation)) if count_saturated else 0
-    clamped = scaled.clamp(-fmt.max, fmt.max)
-    rounded = clamped.to(fmt.dtype)
-    return (_toward_zero(clamped, rounded) if truncate else rounded), saturated
+    rounding = round_toward_zero if truncate else round_to_nearest
+    return rounding(scaled, fmt.dtype, saturate=True), saturated
 
 
 def quantize(t: torch.Tensor, config: Fp8Config, role: str, fmt: Fp8Dtype, *,

@@ -219,7 +219,7 @@ class MegatronWgrad:
             def truncated_product(grad: torch.Tensor) -> torch.Tensor:
                 x, dy = current["x"], current["dy"]
                 product = torch.mm(dy.reshape(-1, shape.rows).float().t(), x.reshape(-1, shape.cols).float())
-                return round_toward_zero(product).to(grad.dtype)
+                return round_toward_zero(product, torch.bfloat16).to(grad.dtype)
 
             weight.register_hook(truncated_product)
         for m in range(shape.microbatches):

@@ -123,7 +123,9 @@ def grad_sync(gradients: dict[str, torch.Tensor], plan: ReductionPlan, layout: B
         if not drop:
             for param, spec in zip(params, plan.tensors):
                 gradient = gradients[spec.name]
-                param.main_grad.add_(round_toward_zero(gradient.float()) if variant == TRUNCATED else gradient)
+                if variant == TRUNCATED:
+                    gradient = round_toward_zero(gradient.float(), torch.bfloat16)
+                param.main_grad.add_(gradient)
         if variant in (ORDER_VARIES, HOPS_THROUGH_FP8):
             factor = plan.scaling_factor(group.size())
             if factor != 1.0:
