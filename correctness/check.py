@@ -15,7 +15,7 @@ from correctness.classify import (
 from correctness.entries import format_limited_sentence
 from correctness.errors import RecipeError
 from correctness.models import facts_for, load_facts
-from correctness.recipe_verdict import change_text, recipe_changes
+from correctness.recipe_verdict import recipe_changes
 from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.results import FAIL, FORMAT_LIMITED, INCOMPLETE, PASS
 
@@ -98,7 +98,7 @@ def check_recipe(path: str | Path, reference: str | Path | None = None,
         for lever in change.levers:
             result, cpu = change.result_of(lever), cpu_results.get(lever)
             status = PASS if change.covers(result) else FAIL if result == FAIL else INCOMPLETE
-            detail = f"{change_text(change)}: " + (f"result {result} on {recipe.gpu}" if result
+            detail = f"{change.text}: " + (f"result {result} on {recipe.gpu}" if result
                                                    else f"no {recipe.gpu} result attached")
             if result == FORMAT_LIMITED:
                 detail += (f" ({format_limited_sentence('its format')}: the convergence block"

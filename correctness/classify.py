@@ -191,6 +191,12 @@ def _listed(values: tuple[str, ...] | None) -> list[str] | None:
     return None if values is None else list(values)
 
 
+def _shown_values(values: tuple[str, ...] | None, default: tuple[str, ...] | None) -> str:
+    if values is None:
+        return f"(default {' '.join(default)})" if default is not None else "absent"
+    return " ".join(values) if values else "on"
+
+
 @dataclass(frozen=True)
 class Change:
     """One argument that differs. Values are the words of the flag's last occurrence (argparse keeps
@@ -211,6 +217,16 @@ class Change:
 
     def result_of(self, lever: str) -> str | None:
         return self.lever_results.get(lever)
+
+    @property
+    def transition(self) -> str:
+        """`reference -> candidate` as output shows it: `(default 1.0) -> 0.8`, `absent -> on`."""
+        return f"{_shown_values(self.reference_values, self.default)} -> {_shown_values(self.candidate_values, self.default)}"
+
+    @property
+    def text(self) -> str:
+        """`--flag reference -> candidate`."""
+        return f"{self.flag} {self.transition}"
 
     def covers(self, result: str | None) -> bool:
         """Whether a lever result covers this change."""

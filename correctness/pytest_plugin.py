@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from correctness.errors import CorrectnessError
+from correctness.files import shown_path
 from correctness.harness import build_record, run_case
 from correctness.lever import Case, Lever, LeverOptions, NotApplicable
 from correctness.models import load_facts
@@ -105,11 +106,8 @@ def pytest_addoption(parser):
     )
 
 
-_CONFIG: list = []  # the session's config, for hooks that get none (pytest_runtest_logreport)
-
-
 def pytest_configure(config):
-    _CONFIG[:] = [config]
+    config.pluginmanager.register(_SkipReasons(config.stash.setdefault(_SKIPS, {})), "correctness-skip-reasons")
     for marker, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {meaning}")
     config.stash[_RUNS] = {}
@@ -271,23 +269,27 @@ LEVERS_PROPERTY = "correctness_levers"  # a report's user property: the levers o
 
 
 def pytest_runtest_setup(item):
-    if declared_levers(item) or item_levers(item):
+    if item_levers(item):
         item.user_properties.append((LEVERS_PROPERTY, item_levers(item)))
     reason = _missing_hardware(item)
     if reason:
         pytest.skip(reason)
 
 
-def pytest_runtest_logreport(report):
-    """Keep why each lever's tests skipped: a needed lever of which no record is written is judged
-    `not run`, with these reasons (correctness.recipe_verdict)."""
-    if not report.skipped or report.when not in ("setup", "call"):
-        return
-    levers = dict(report.user_properties).get(LEVERS_PROPERTY, ())
-    reason = report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    skips = _CONFIG[0].stash.setdefault(_SKIPS, {}) if _CONFIG else {}
-    for lever in levers:
-        skips.setdefault(lever, []).append(reason)
+class _SkipReasons:
+    """Keeps why each lever's tests skipped (lever -> reasons): a needed lever of which no record is
+    written is judged `not run`, with these reasons (correctness.recipe_verdict)."""
+
+    def __init__(self, skips: dict[str, list[str]]) -> None:
+        self.skips = skips
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if not report.skipped or report.when not in ("setup", "call"):
+            return
+        levers = dict(report.user_properties).get(LEVERS_PROPERTY, ())
+        reason = report.longrepr[2].removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        for lever in levers:
+            self.skips.setdefault(lever, []).append(reason)
 
 
 @dataclass
@@ -303,6 +305,7 @@ _OPTIONS = pytest.StashKey[LeverOptions]()
 _WRITTEN = pytest.StashKey[list]()
 _RUN_TOKEN = pytest.StashKey[str]()
 _SKIPS = pytest.StashKey[dict]()  # lever -> why its tests skipped
+_VERDICTS = pytest.StashKey[tuple]()  # (recipe verdicts, example recipe ids without one, or the error)
 PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
 
 
@@ -367,6 +370,10 @@ def pytest_sessionfinish(session):
         record = merge_records(part_list)
         written.append((record, write_record(record, results)))
     config.stash[_WRITTEN] = written
+    try:
+        config.stash[_VERDICTS] = _recipe_verdicts(config) + (None,)
+    except CorrectnessError as error:
+        config.stash[_VERDICTS] = ([], [], str(error))
 
 
 def written_records(config) -> list[tuple[dict, Path]]:
@@ -375,73 +382,68 @@ def written_records(config) -> list[tuple[dict, Path]]:
     return list(config.stash.get(_WRITTEN, []))
 
 
-def skip_reasons(config) -> dict[str, list[str]]:
-    """Lever -> why its tests skipped in this session."""
-    return dict(config.stash.get(_SKIPS, {}))
-
-
-def recipe_verdicts(config) -> list:
+def _recipe_verdicts(config) -> tuple[list, list[str]]:
     """Each recipe's verdict (correctness.recipe_verdict) from this session's records of it: the
-    user's recipe under --recipe (against --reference where given), else each fixture recipe run."""
+    user's recipe under --recipe (against --reference where given; judged even where no record was
+    written), else each fixture recipe run that has a reference recipe; and the ids of the fixture
+    recipes run without one (example recipes, run for their levers' sake)."""
     from correctness.classify import reference_path
     from correctness.fixtures import recipe_path
     from correctness.recipe_verdict import judge_recipe, recipe_changes
 
     records = [LeverRecord.from_json(record) for record, _ in config.stash.get(_WRITTEN, [])]
+    skips = config.stash.get(_SKIPS, {})
     options = lever_options(config)
-    verdicts = []
+    recipes = [(options.recipe, config.getoption("reference"))] if options.recipe is not None else []
+    examples = []
     for recipe_id in dict.fromkeys(record.recipe.id for record in records):
-        if options.recipe is not None and options.recipe.id == recipe_id:
-            recipe, reference = options.recipe, config.getoption("reference")
-        elif not recipe_path(recipe_id).is_file():
-            continue  # a lever of another project's recipe (the plugin outside this suite): no verdict here
+        if options.recipe is not None or not recipe_path(recipe_id).is_file():
+            continue  # the user's recipe is judged above; another project's recipe gets no verdict here
+        recipe = load_recipe(recipe_path(recipe_id))
+        if reference_path(recipe).is_file():
+            recipes.append((recipe, None))
         else:
-            recipe, reference = load_recipe(recipe_path(recipe_id)), None
-            if not reference_path(recipe).is_file():
-                continue  # an example recipe, run for its levers' sake: see fixture_recipes_without_verdict
-        verdicts.append((recipe, judge_recipe(recipe, recipe_changes(recipe, reference), records, skip_reasons(config))))
-    return verdicts
+            examples.append(recipe_id)
+    verdicts = [(recipe, judge_recipe(recipe, recipe_changes(recipe, reference), records, skips))
+                for recipe, reference in recipes]
+    return verdicts, examples
 
 
-def fixture_recipes_without_verdict(config) -> list[str]:
-    """The fixture recipes this session ran levers at that have no reference recipe: example
-    recipes the component tests run some levers at, whose own verdict `correctness run` gives."""
-    if lever_options(config).recipe is not None:
-        return []
-    from correctness.classify import reference_path
-    from correctness.fixtures import recipe_path
-
-    ids = dict.fromkeys(record["recipe"]["id"] for record, _ in config.stash.get(_WRITTEN, []))
-    return [recipe_id for recipe_id in ids if recipe_path(recipe_id).is_file()
-            and not reference_path(load_recipe(recipe_path(recipe_id))).is_file()]
+def recipe_verdict(config):
+    """The verdict of the recipe --recipe named (correctness.recipe_verdict.RecipeVerdict), as this
+    session judged it; CorrectnessError where it could not be judged; None without --recipe."""
+    verdicts, _, error = config.stash.get(_VERDICTS, ([], [], None))
+    if error is not None:
+        raise CorrectnessError(error)
+    return verdicts[0][1] if verdicts and lever_options(config).recipe is not None else None
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    written = config.stash.get(_WRITTEN, [])
-    if not written:
-        return
     from correctness.recipe_verdict import verdict_lines
 
     wide = config.getoption("wide")
     fit = (lambda lines: lines) if wide else fit_lines
-    try:
-        verdicts = recipe_verdicts(config)
-        if verdicts:
-            terminalreporter.section("recipe verdicts")
-        for recipe, verdict in verdicts:
-            for line in fit(verdict_lines(verdict, recipe.gpu)):
-                terminalreporter.write_line(line)
-            terminalreporter.write_line("")
-        examples = fixture_recipes_without_verdict(config)
-        if examples:
-            for line in fit([f"example recipes without a reference recipe, run for their levers only (their own verdict:"
-                             f" `correctness run RECIPE`): {', '.join(examples)}", ""]):
-                terminalreporter.write_line(line)
-    except CorrectnessError as error:
+    verdicts, examples, error = config.stash.get(_VERDICTS, ([], [], None))
+    if verdicts:
+        terminalreporter.section("recipe verdicts")
+    for recipe, verdict in verdicts:
+        for line in fit(verdict_lines(verdict, recipe.gpu)):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line("")
+    if examples:
+        for line in fit([f"example recipes without a reference recipe, run for their levers only (their own verdict:"
+                         f" `correctness run RECIPE`): {', '.join(examples)}", ""]):
+            terminalreporter.write_line(line)
+    if error is not None:
         terminalreporter.write_line(f"no recipe verdict: {error}")
+    written = config.stash.get(_WRITTEN, [])
+    if not written:
+        return
     terminalreporter.section("lever verdicts")
     for record, path in written:
         for line in verdict_table(LeverRecord.from_json(record), wide=wide):
             terminalreporter.write_line(line)
-        terminalreporter.write_line(f"  record: {path}")  # whole, however long: a path to copy
+        # Its name and its folder on lines of their own: each whole, to be copied, within LINE_WIDTH.
+        terminalreporter.write_line(f"  record: {Path(path).name}")
+        terminalreporter.write_line(f"    in {shown_path(Path(path).parent)}")
         terminalreporter.write_line("")

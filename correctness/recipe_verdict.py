@@ -113,20 +113,12 @@ def recipe_changes(recipe: Recipe, reference: str | Path | None = None, rules: R
     return classify_recipe(recipe, reference, rules)
 
 
-def change_text(change: Change) -> str:
-    """`--flag a -> b`, as `classify` shows a change."""
-    before = " ".join(change.reference_values) if change.reference_values is not None else (
-        f"(default {' '.join(change.default)})" if change.default else "absent")
-    after = " ".join(change.candidate_values) if change.candidate_values is not None else "absent"
-    return f"{change.flag} {before or '(switch)'} -> {after or '(switch)'}"
-
-
 def needed_levers(classification: Classification) -> dict[str, tuple[str, ...]]:
     """Lever -> the numerics changes that need it, in the order the changes come."""
     needed: dict[str, list[str]] = {}
     for change in classification.of_class("numerics"):
         for lever in change.levers:
-            needed.setdefault(lever, []).append(change_text(change))
+            needed.setdefault(lever, []).append(change.text)
     return {lever: tuple(flags) for lever, flags in needed.items()}
 
 
@@ -155,8 +147,11 @@ def for_the_recipe(record: LeverRecord) -> str:
             statuses[case.case_id] = PASS if _reversed_passes(case, record.lever["rule"]) else FAIL
     if not statuses:
         return NOT_RUN
-    optional = set(record.lever["optional_cases"])
-    return assess(statuses, list(statuses), optional)[0]
+    # A declared case missing from the record (interrupted, deselected) keeps it incomplete: its side
+    # is unknown, so only the cases known to be of another setting are left out of the declaration.
+    other = {case.case_id for case in record.cases if case.recipe_runs == "neither"}
+    declared = [case_id for case_id in record.lever["cases"] if case_id not in other]
+    return assess(statuses, declared, set(record.lever["optional_cases"]))[0]
 
 
 def _evidence(lever: str, flags: tuple[str, ...], records: list[LeverRecord], reasons: Collection[str]) -> LeverEvidence:
@@ -214,7 +209,7 @@ def verdict_lines(verdict: RecipeVerdict, gpu: str) -> list[str]:
     for change in verdict.changes:
         for lever in change.levers or ("-",):
             found = evidence.get(lever)
-            rows.append([clip(change_text(change), 52), lever, found.label() if found else "no lever",
+            rows.append([clip(change.text, 52), lever, found.label() if found else "no lever",
                          clip(found.evidence(), 40) if found else "needs review"])
     if rows:
         lines += ["  " + line for line in format_table(["change", "lever", "verdict", "evidence"], rows, TABLE_WIDTH - 2)]

@@ -90,7 +90,7 @@ def _controls_cell(case: CaseResult) -> str:
     return f"{len(powers)} fail, least {figure}"
 
 
-def _format_line(record: LeverRecord) -> list[str]:
+def _format_lines(record: LeverRecord) -> list[str]:
     """For format-limited cases: where the candidate sits against the format bound."""
     limited = [case for case in record.ran_cases() if case.status == FORMAT_LIMITED and case.format is not None]
     if not limited:
@@ -101,6 +101,36 @@ def _format_line(record: LeverRecord) -> list[str]:
     return [clip(f"  format-limited ({name}), {len(limited)} case(s): candidate {min(shares):.2f}-{max(shares):.2f} of the"
                  f" format bound ({rule['factor']:g} x floor + {rule['slack']:g}); controls: against it", TABLE_WIDTH),
             clip(f"  {format_limited_sentence(name)}", TABLE_WIDTH)]
+
+
+def _status_cell(case: CaseResult) -> str:
+    return case.status if case.required else f"{case.status} (optional)"
+
+
+def _ratios_cell(case: CaseResult) -> str:
+    return ratio_range(t.ratio for t in case.candidate.tensors if t.ratio is not None and not math.isnan(t.ratio))
+
+
+def _repeat_cell(case: CaseResult, same: str) -> str:
+    if case.deterministic is None:
+        return "-"
+    return same if case.deterministic else "CHANGED " + ",".join(case.nondeterministic_tensors)
+
+
+def _unjudged_lines(record: LeverRecord, width: int | None) -> list[str]:
+    """The cases that were not judged: each error, and the skips counted by reason."""
+    skipped: dict[str, int] = {}
+    errors = []
+    for case in record.cases:
+        if case.candidate is not None:
+            continue
+        if case.status == SKIP:
+            skipped[case.skip_reason or ""] = skipped.get(case.skip_reason or "", 0) + 1
+        else:
+            case_id = case.case_id if width is None else clip_middle(case.case_id, 40)
+            errors.append(f"  error in {case_id}: {case.failures[0]}")
+    lines = errors + [f"  skipped ({count}): {reason}" for reason, count in skipped.items()]
+    return lines if width is None else [clip(line, width) for line in lines]
 
 
 def verdict_table(record: LeverRecord, wide: bool = False) -> list[str]:
@@ -120,30 +150,19 @@ def verdict_table(record: LeverRecord, wide: bool = False) -> list[str]:
         lines.append(clip(f"  candidate ran: {backends[0]}", TABLE_WIDTH))
     header = ["case / result", "err/bound", "err/default", "systematic", "repeat", "default", "controls"]
     rows: list[list[str]] = []
-    skipped: dict[str, int] = {}
-    errors = []
     for case in record.cases:
         rows.append([clip_middle(case.case_id, TABLE_WIDTH - 4)])
         if case.candidate is None:
-            rows.append(["  " + (case.status if case.required else f"{case.status} (optional)")])
-            if case.status == SKIP:
-                skipped[case.skip_reason or ""] = skipped.get(case.skip_reason or "", 0) + 1
-            else:
-                errors.append(clip(f"  error in {clip_middle(case.case_id, 40)}: {case.failures[0]}", TABLE_WIDTH))
+            rows.append(["  " + _status_cell(case)])
             continue
-        ratios = [t.ratio for t in case.candidate.tensors if t.ratio is not None and not math.isnan(t.ratio)]
-        repeat = ("-" if case.deterministic is None else "same" if case.deterministic
-                  else "CHANGED " + ",".join(case.nondeterministic_tensors))
-        rows.append(["  " + case.status, clip(_worst(case.candidate.tensors), 26), ratio_range(ratios),
-                     clip(_systematic_cell(case), 14), clip(repeat, 10),
+        rows.append(["  " + case.status, clip(_worst(case.candidate.tensors), 26), _ratios_cell(case),
+                     clip(_systematic_cell(case), 14), clip(_repeat_cell(case, "same"), 10),
                      "pass" if case.default_repeat.passes else "FAIL", _controls_cell(case)])
     widths = [max(len(row[i]) for row in [header] + [r for r in rows if len(r) > 1]) for i in range(len(header))]
-    lines.append(clip("  " + "  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip(), TABLE_WIDTH))
-    for row in rows:
+    for row in [header] + rows:
         text = row[0] if len(row) == 1 else "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
         lines.append(clip("  " + text, TABLE_WIDTH))
-    lines += _format_line(record) + errors
-    lines += [clip(f"  skipped ({count}): {reason}", TABLE_WIDTH) for reason, count in skipped.items()]
+    lines += _format_lines(record) + _unjudged_lines(record, TABLE_WIDTH)
     return lines + [clip(line, TABLE_WIDTH) for line in _completeness_lines(record)]
 
 
@@ -161,39 +180,27 @@ def wide_verdict_table(record: LeverRecord) -> list[str]:
               "default x2"]
     header += [f"{name} err/bound" for name in control_names]
     rows = []
-    skipped: dict[str, int] = {}
-    errors = []
     for case in record.cases:
         if case.candidate is None:  # skipped, or failed with an error before its judgement
-            rows.append([case.case_id, case.status if case.required else f"{case.status} (optional)"]
-                        + [""] * (len(header) - 2))
-            if case.status == SKIP:
-                skipped[case.skip_reason or ""] = skipped.get(case.skip_reason or "", 0) + 1
-            else:
-                errors.append(f"  error in {case.case_id}: {case.failures[0]}")
+            rows.append([case.case_id, _status_cell(case)] + [""] * (len(header) - 2))
             continue
-        tensors = case.candidate.tensors
-        bitwise = [t.bitwise_identical for t in tensors]
-        ratios = [t.ratio for t in tensors if t.ratio is not None and not math.isnan(t.ratio)]
-        repeat = ("-" if case.deterministic is None else "deterministic" if case.deterministic
-                  else "CHANGED " + ",".join(case.nondeterministic_tensors))
+        bitwise = [t.bitwise_identical for t in case.candidate.tensors]
         rows.append(
             [
                 case.case_id,
                 case.status,
                 case.candidate.run.backend,
-                _worst(tensors),
-                ratio_range(ratios),
+                _worst(case.candidate.tensors),
+                _ratios_cell(case),
                 _systematic_cell(case),
                 "all" if all(bitwise) else ("some" if any(bitwise) else "no"),
-                repeat,
+                _repeat_cell(case, "deterministic"),
                 "pass" if case.default_repeat.passes else "FAIL",
             ]
             + [_control_cell(case, name) for name in control_names]
         )
     lines += ["  " + line for line in format_table(header, rows)]
-    lines += errors + [f"  skipped ({count}): {reason}" for reason, count in skipped.items()]
-    return lines + _completeness_lines(record)
+    return lines + _format_lines(record) + _unjudged_lines(record, None) + _completeness_lines(record)
 
 
 def _completeness_lines(record: LeverRecord) -> list[str]:

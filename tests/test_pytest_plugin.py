@@ -176,7 +176,8 @@ def test_the_terminal_summary_has_a_verdict_table_per_lever(pytester):
             "    pass *(total)*same*pass*1 fail, least *",
             "  sum-n64-seed1",
             "    pass *(total)*same*pass*1 fail, least *",
-            f"  record: {pytester.path / 'records'}*toy-sum--cpu--fp64.json",
+            "  record: toy-sum--cpu--fp64.json",
+            "    in records/toy/cpu/sum",  # relative to where pytest ran
         ]
     )
     assert "recipe verdicts" not in result.stdout.str()  # a recipe of another project: no verdict here

@@ -142,3 +142,12 @@ def test_a_recipe_that_runs_the_levers_default_is_judged_by_the_rule_turned_roun
     catalogue = verdict_of(gemma, record("attention-backend"), record("optimizer-offload"),
                            replace(lowered, lever={**lowered.lever, "name": "fp8"})).catalogue
     assert [(lever.lever, lever.verdict) for lever in catalogue] == [("fp8", "fail")]  # the lever's own verdict
+
+
+def test_a_record_missing_a_declared_case_stays_incomplete_when_the_recipe_runs_the_default(gemma):
+    lowered = record("optimizer-offload", candidate=Sum("bf16 sums", torch.bfloat16), default=Sum("fp32 sums", torch.float32),
+                     recipe_runs="default")
+    interrupted = replace(lowered, lever={**lowered.lever, "cases": [*lowered.lever["cases"], "sums-seed1"]})
+    offload = next(lever for lever in verdict_of(gemma, record("attention-backend"), interrupted).levers
+                   if lever.lever == "optimizer-offload")
+    assert offload.verdict == "incomplete"

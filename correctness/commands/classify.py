@@ -55,12 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", metavar="RULES.yaml", help="another rules file (default: the package's)")
 
 
-def _values(values: tuple[str, ...] | None, default: tuple[str, ...] | None) -> str:
-    if values is None:
-        return f"(default {' '.join(default)})" if default is not None else "absent"
-    return " ".join(values) if values else "on"
-
-
 def _row(change: Change) -> list[str]:
     if change.levers:
         result = ", ".join(change.result_of(lever) or "no result" for lever in change.levers)
@@ -69,7 +63,7 @@ def _row(change: Change) -> list[str]:
     reason = "; ".join([change.reason, *change.notes])
     return [
         change.flag,
-        f"{_values(change.reference_values, change.default)} -> {_values(change.candidate_values, change.default)}",
+        change.transition,
         change.klass,
         ", ".join(change.levers) or ("none" if change.klass == "numerics" else "-"),
         result,

@@ -55,7 +55,7 @@ from correctness.models import facts_for, load_facts
 from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, verdict_lines
 from correctness.recipes import load_recipe, validate_recipe
 from correctness.report import fit_lines
-from correctness.results import PASS, LeverRecord
+from correctness.results import PASS
 from correctness.tiers import GPU, GPU_MARKERS, cuda_only_markers, recipe_gpu_tier  # not via the plugin: see tiers.py
 
 COMPONENT_TESTS = COMPONENT_TESTS_DIR  # the checkout's component_tests/, or the installed package's
@@ -153,18 +153,23 @@ class _Collection:
 
 
 class _Summary:
-    """pytest plugin: the records the session wrote, and why each lever's tests skipped."""
+    """pytest plugin: the records the session wrote, and the recipe's verdict the plugin gave
+    (None where the session stopped before it could judge)."""
 
     def __init__(self) -> None:
         self.records: list[tuple[dict, Path]] = []
-        self.skip_reasons: dict[str, list[str]] = {}
+        self.verdict: RecipeVerdict | None = None
+        self.error: CorrectnessError | None = None
 
     def pytest_unconfigure(self, config) -> None:
         # Imported here, once pytest has imported (and assertion-rewritten) the plugin itself.
-        from correctness.pytest_plugin import skip_reasons, written_records
+        from correctness.pytest_plugin import recipe_verdict, written_records
 
         self.records = written_records(config)
-        self.skip_reasons = skip_reasons(config)
+        try:
+            self.verdict = recipe_verdict(config)
+        except CorrectnessError as error:  # raised once pytest is done: hooks do not take exceptions well
+            self.error = error
 
 
 @contextlib.contextmanager
@@ -255,9 +260,10 @@ def run(args) -> int:
         status = pytest.ExitCode(status)
     except ValueError:  # a plugin's own exit code
         pass
-    records = [LeverRecord.from_json(record) for record, _ in summary.records]
-    verdict = judge_recipe(recipe, classification, records, summary.skip_reasons)
-    code = EXIT_OK if verdict.verdict == PASS else EXIT_FAIL
+    if summary.error is not None:
+        raise summary.error
+    verdict = summary.verdict or judge_recipe(recipe, classification, [])  # stopped early: nothing judged
+    code = EXIT_OK if summary.verdict is not None and verdict.verdict == PASS else EXIT_FAIL
     if COLLECT_ONLY & set(args.passthrough):  # nothing ran, nothing is judged: pytest's own status
         code = EXIT_OK if status == pytest.ExitCode.OK else EXIT_BAD_INPUT
     elif status == pytest.ExitCode.NO_TESTS_COLLECTED:
