@@ -17,19 +17,22 @@ and needs no write access.
 """
 
 import contextlib
+import dataclasses
 import datetime
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.entries import count, errors_sentence, format_sentence, generic_text, gpu_label
+from correctness.entries import count, counted, errors_sentence, format_sentence, generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import locked, refuse_read_only
 from correctness.model_config import same_model
 from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
-from correctness.registry import known_lever
-from correctness.results import FORMAT_LIMITED, RAN, SKIP, CaseResult, LeverRecord, read_record, stated_fields_disagree
+from correctness.registry import known_lever, lever_reads
+from correctness.recheck import case_problems, recomputed, rule_problem
+from correctness.recipe_binding import argument_differences
+from correctness.results import SKIP, LeverRecord, read_record, records_folder, stated_fields_disagree
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
 
@@ -44,8 +47,10 @@ class Attached:
 
 def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] | None = None) -> list[str]:
     """Why a record cannot be attached to the recipe; empty where it can. A record belongs to a recipe
-    of the same model, GPU and tensor-parallel size (its shapes were derived from those). `stated`:
-    the record as read, whose fields written from others must agree with them."""
+    of the same model and GPU whose arguments its lever reads have the values it ran with (its
+    shapes and settings were derived from those), and every figure, flag and status in it must be
+    what its measurements give (correctness.recheck). `stated`: the record as read, whose fields
+    written from others must agree with them."""
     problems = []
     disagreement = stated_fields_disagree(stated) if stated is not None else None
     if disagreement:
@@ -58,51 +63,27 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
     tp_sizes = {case.shape.get("tp_size") for case in record.cases} - {None}
     if tp_sizes and tp_sizes != {recipe.tp}:
         problems.append(f"its shapes are for TP {sorted(tp_sizes)}, the recipe runs TP {recipe.tp}")
+    differences = argument_differences(record.recipe.arguments, recipe, lever_reads(lever["name"]))
+    if differences:
+        problems.append(f"it ran recipe {record.recipe.id} with other arguments than this recipe's: {'; '.join(differences)}")
     known = known_lever(lever["name"])
     if known and lever["version"] != known.version:
         problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
+    if record.interrupted:
+        problems.append("its run was interrupted before it finished")
     expected, completeness = record.assessment()
     if completeness.missing:
         problems.append(
-            f"it lacks {count(len(completeness.missing))} of the {count(completeness.declared)} cases its lever"
+            f"it lacks {count(len(completeness.missing))} of the {counted(completeness.declared, 'case')} its lever"
             f" declares ({', '.join(completeness.missing)})"
         )
     if expected == SKIP:
         problems.append("none of its cases ran")
     if record.verdict != expected:
         problems.append(f"its verdict is {record.verdict} but its cases say {expected}")
-    for case in record.cases:
-        if case.status not in RAN:
-            continue
-        for control in case.controls:
-            if control.judgement is not None and not control.fails:
-                problems.append(f"case {case.case_id} passes while its control '{control.name}' passed")
-        problems += _candidate_problems(case)
-    return problems
-
-
-def _candidate_problems(case: CaseResult) -> list[str]:
-    """Where a case that held says otherwise of its candidate: a passing case whose candidate fails
-    the rule, or a format-limited one whose candidate or controls are not as its format allows."""
-    failing = [t.tensor for t in case.candidate.tensors if not t.passes]
-    if case.status != FORMAT_LIMITED:
-        return [f"case {case.case_id} passes while its candidate fails on {failing}"] if failing else []
-    judged = case.format
-    if judged is None or not failing:
-        return [f"case {case.case_id} is format-limited while its candidate "
-                + ("has no format figures" if judged is None else "passes the rule")]
-    problems = []
-    beyond = [t.tensor for t in judged.candidate.tensors if not t.passes]
-    if beyond:
-        problems.append(f"case {case.case_id} is format-limited while its candidate is outside the format bound on {beyond}")
-    floor_passes = sorted(set(failing) - set(judged.floor_fails_rule))
-    if floor_passes:
-        problems.append(f"case {case.case_id} is format-limited while its {judged.format} floor passes the rule on {floor_passes}")
-    problems += [f"case {case.case_id} is format-limited while its control '{control.name}' is within the format bound"
-                 for control in judged.controls if not control.fails]
-    if judged.systematic:
-        problems.append(f"case {case.case_id} is format-limited while its candidate is biased beyond the floor on"
-                        f" {list(judged.systematic)}")
+    if rule_problem(lever) is None:
+        for case in recomputed(record).cases:
+            problems += case_problems(case, lever)
     return problems
 
 
@@ -164,6 +145,18 @@ def editing(recipe_path: str | Path, dry_run: bool = False) -> Iterator[None]:
     refuse_read_only(recipe_path, label, RecipeError)
     with locked(recipe_path, label, RecipeError):
         yield
+
+
+def recipe_records(recipe_path: str | Path, results_dir: Path) -> list[Path]:
+    """The records of a recipe's own folder in results_dir (records_folder), but those of an
+    interrupted run; RecipeError where there are none."""
+    recipe = load_recipe(recipe_path)
+    folder = records_folder(dataclasses.asdict(recipe.ref), results_dir)
+    paths = [path for path in sorted(folder.glob("*.json")) if not read_record(path).get("interrupted")]
+    if not paths:
+        raise RecipeError(f"recipe {recipe_path}: no records in {folder}; run `correctness run {recipe_path}` first,"
+                          " or name the records")
+    return paths
 
 
 def attach(recipe_path: str | Path, record_paths: Sequence[str | Path], dry_run: bool = False) -> list[Attached]:

@@ -14,6 +14,7 @@ from correctness.classify import (
 )
 from correctness.entries import format_limited_sentence
 from correctness.errors import RecipeError
+from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
 from correctness.recipe_verdict import recipe_changes
 from correctness.recipes import Recipe, load_recipe, validate_recipe
@@ -80,15 +81,17 @@ def check_recipe(path: str | Path, reference: str | Path | None = None,
     recipe = load_recipe(path)
     validate_recipe(recipe.data, recipe.id)
     try:
-        facts_for(recipe.model, load_facts(model_config) if model_config else None)
+        facts_for(recipe, load_facts(model_config) if model_config else None)
+    except ModelArgumentError:  # names the recipe already
+        raise
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error} (a verdict needs the model's facts)") from None
     classification = recipe_changes(recipe, reference)
     counted = ", ".join(f"{n} {klass}" for klass, n in classification.counts.items() if n) or "no changed arguments"
     if classification.reference == MEGATRON_DEFAULTS:
-        configuration = Finding("configuration", INCOMPLETE, f"no reference recipe ({reference_path(recipe)}, or"
-                                f" --reference): numerics arguments judged against Megatron's defaults ({counted});"
-                                " the others cannot be judged without one")
+        configuration = Finding("configuration", INCOMPLETE, f"no reference recipe: give --reference (the recipe it"
+                                f" was tuned from) or put one at {reference_path(recipe)}; numerics arguments judged"
+                                f" against Megatron's defaults ({counted}), the others cannot be judged without one")
     else:
         configuration = Finding("configuration", {"pass": PASS, "fail": FAIL}.get(classification.verdict, INCOMPLETE),
                                 counted)

@@ -97,6 +97,10 @@ def _main(argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (argparse's exits, --help and usage errors, included)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with its standard output closed (`>&-`): Python makes it None
+        if sys.stderr is not None:
+            print("correctness: standard output is closed: nothing it prints could be read", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         status = _main(argv)
     except SystemExit as leaving:  # argparse: --help (0) or a usage error (2, one line)

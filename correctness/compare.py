@@ -19,6 +19,7 @@ tensor; `compare_tensor` is the one-piece case.
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -336,11 +337,16 @@ def _systematic(
     rest = rest if math.isfinite(rest) else 0.0
     slope_threshold = rule.systematic_threshold(default[0], floating, rest, count)
     offset_threshold = rule.systematic_threshold(default[1], floating, rest, count)
-    flagged = not (abs(judged[0]) <= slope_threshold and abs(judged[1]) <= offset_threshold)
+    flagged = systematic_flagged(judged[0], slope_threshold, judged[1], offset_threshold)
     return Systematic(
         slope=judged[0], default_slope=default[0], slope_threshold=slope_threshold,
         offset=judged[1], default_offset=default[1], offset_threshold=offset_threshold, flagged=flagged,
     )
+
+
+def systematic_flagged(slope: float, slope_threshold: float, offset: float, offset_threshold: float) -> bool:
+    """Whether a slope or an offset is beyond its threshold (NaN counts as beyond)."""
+    return not (abs(slope) <= slope_threshold and abs(offset) <= offset_threshold)
 
 
 def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -496,12 +502,7 @@ class TensorAccumulator:
             (self.judged.dot.item() / slope_scale, bias), (self.default.dot.item() / slope_scale, default_bias),
             float(_rest(self.judged, self.reference_sq, self.count)) if scale > 0.0 else error, self.count,
         )
-        bound = self.rule.bound(default_error)
-        whole_over = error / bound if bound > 0.0 else (0.0 if error == 0.0 else math.inf)
         slices = self._slices()
-        over = whole_over if slices is None else max(whole_over, slices.error_over_bound)
-        finite = self.nonfinite is None
-        passes = finite and error <= bound and (slices is None or slices.failing == 0)
         return TensorComparison(
             tensor=self.name,
             shape=() if self.scalar else (self.rows, *self.trailing),
@@ -510,21 +511,41 @@ class TensorAccumulator:
             error=error,
             default_error=default_error,
             reference_norm=scale,
-            bound=bound,
-            ratio=error / default_error if default_error > 0.0 else None,
-            margin=bound - error,
-            whole_error_over_bound=whole_over,
-            error_over_bound=over if finite else math.inf,
             bias=bias,
             default_bias=default_bias,
             systematic=systematic,
             slices=slices,
-            passes=passes,
-            slack_only=passes and error > self.rule.factor * default_error,
             bitwise_identical=self.bitwise,
             worst=self.worst,
             nonfinite=self.nonfinite,
+            **judged_figures(self.rule, error, default_error, slices, self.nonfinite),
         )
+
+
+def over_bound_ratio(error: float, bound: float) -> float:
+    """error / bound: above 1 outside the bound (a zero bound: 0 for no error, else infinite)."""
+    return error / bound if bound > 0.0 else (0.0 if error == 0.0 else math.inf)
+
+
+def judged_figures(rule: Rule, error: float, default_error: float, slices: SliceComparison | None,
+                   nonfinite: str | None) -> dict[str, Any]:
+    """A tensor's figures that follow from its error, the default's, its slices and the rule: the
+    bound, ratio, margin, error over bound, and whether it passes. The one place they are computed:
+    a comparison makes them so, and a record read back is held to them (correctness.recheck)."""
+    bound = rule.bound(default_error)
+    whole_over = over_bound_ratio(error, bound)
+    over = whole_over if slices is None else max(whole_over, slices.error_over_bound)
+    finite = nonfinite is None
+    passes = finite and error <= bound and (slices is None or slices.failing == 0)
+    return {
+        "bound": bound,
+        "ratio": error / default_error if default_error > 0.0 else None,
+        "margin": bound - error,
+        "whole_error_over_bound": whole_over,
+        "error_over_bound": over if finite else math.inf,
+        "passes": passes,
+        "slack_only": passes and error > rule.factor * default_error,
+    }
 
 
 def compare_tensor(

@@ -19,7 +19,18 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
   pytest-xdist workers and concurrent runs never collide.
 - A rank that raises ends the run: every rank is stopped, and DistributedError names the rank and
   its exception in one line. A run that outlives `timeout` seconds (a rank stuck in a collective its
-  peers never reach) is stopped the same way. Children are daemonic: they die with the caller.
+  peers never reach) is stopped the same way, and so is a run the caller leaves by an exception
+  (KeyboardInterrupt included): its ranks are stopped and its folder removed before it goes on.
+- Ranks end with their caller, however it ends (SIGKILL included). Their parent is the rank server,
+  not the caller, and the server lives while a rank holds its pipe, so a rank stuck in a collective
+  of a caller killed outright would keep itself, the server and multiprocessing's resource tracker
+  alive for good: each rank watches a pipe whose other end only the caller holds, and leaves when
+  it closes. Once the ranks are gone the server and the tracker see their own pipes close and leave.
+- Stopping: `catch_stop_signals()` turns SIGINT and SIGTERM into `Stopped` (a KeyboardInterrupt)
+  in the main thread, so that a signal unwinds the caller in order (pytest ends its session and
+  writes its records, run_ranks stops its ranks and removes its folder, atexit removes
+  multiprocessing's pymp-* folder) where SIGTERM's default action would leave all of that behind;
+  `stop_rank_server()` ends the server (the pytest plugin calls both, at configure and unconfigure).
 - Each rank runs torch on `threads` CPU threads (default 1): N ranks on a 2-core machine would
   otherwise start N x cores threads.
 - `function` must be importable by name (a module-level function): the ranks import it.
@@ -27,10 +38,13 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
 """
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import queue
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -48,12 +62,17 @@ PRELOADED = [
 ]
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+CALLER_GONE = 1  # the exit code of a rank whose caller ended before it
+
+
 class DistributedError(CorrectnessError):
     """A rank raised, died or did not finish in time."""
 
 
 def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: str, threads: int,
-               results: Any, environment: dict[str, str], args: tuple[Any, ...]) -> None:
+               results: Any, lifeline: Any, environment: dict[str, str], args: tuple[Any, ...]) -> None:
+    _end_with_caller(lifeline)
     os.environ.clear()
     os.environ.update(environment)
     import torch
@@ -74,6 +93,19 @@ def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: 
         results.put((rank, False, _one_line(error)))
 
 
+def _end_with_caller(lifeline: Any) -> None:
+    """Leave this process once `lifeline`'s other end, which only the caller holds, closes: when the
+    caller ends, or stops the run."""
+    def watch() -> None:
+        try:
+            lifeline.recv_bytes()  # the caller never writes: this returns at the end of the pipe
+        except (EOFError, OSError):
+            pass
+        os._exit(CALLER_GONE)
+
+    threading.Thread(target=watch, name="correctness-lifeline", daemon=True).start()
+
+
 def _one_line(error: BaseException) -> str:
     last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
     where = f" ({last[0].filename.rsplit('/', 1)[-1]}:{last[0].lineno})" if last else ""
@@ -91,24 +123,29 @@ def run_ranks(function: Callable[..., Any], world_size: int, *args: Any, timeout
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(PRELOADED)
     results = context.Queue()
+    lifeline, held_end = context.Pipe(duplex=False)  # the ranks read; the caller holds the other end
     environment = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="correctness-gloo-") as folder:
         store = os.path.join(folder, "store")
         processes = [
-            context.Process(target=_rank_main, args=(function, rank, world_size, store, threads, results, environment, args),
+            context.Process(target=_rank_main,
+                            args=(function, rank, world_size, store, threads, results, lifeline, environment, args),
                             daemon=True, name=f"correctness-rank-{rank}")
             for rank in range(world_size)
         ]
-        for process in processes:
-            process.start()
         try:
+            for process in processes:
+                process.start()
             values = _collect(processes, results, world_size, timeout, getattr(function, "__name__", "function"))
         except BaseException:
             _stop(processes, wait=0)
             raise
+        else:
+            _stop(processes, wait=5)
         finally:
             results.close()
-        _stop(processes, wait=5)
+            lifeline.close()
+            held_end.close()  # a rank still there (it cannot be: stopped above) would leave now
         return values
 
 
@@ -168,8 +205,9 @@ def _dead(processes, values: dict[int, Any], reported: set[int] = frozenset()) -
 
 
 def _stop(processes, wait: float) -> None:
-    """Join the ranks (waiting up to `wait` seconds for each to exit); stop any still running, by
-    force if need be."""
+    """Join the ranks that started (waiting up to `wait` seconds for each to exit); stop any still
+    running, by force if need be."""
+    processes = [process for process in processes if process.pid is not None]
     for process in processes:
         process.join(timeout=wait)
     for process in processes:
@@ -179,3 +217,86 @@ def _stop(processes, wait: float) -> None:
         if process.is_alive():
             process.kill()
             process.join()
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread while catch_stop_signals() is in force: an
+    interruption like Ctrl-C's own KeyboardInterrupt, which pytest and run_ranks unwind in order."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal: the status a shell reports for a process the signal ended."""
+        return 128 + self.signum
+
+
+def stop_exit_status(interruption: BaseException) -> int | None:
+    """The exit status of a run a signal stopped: Stopped's, or 130 for Ctrl-C's KeyboardInterrupt
+    where no handler of ours was in force; None for another interruption (pytest's own, raised on
+    collection errors, is a KeyboardInterrupt too)."""
+    if isinstance(interruption, Stopped):
+        return interruption.exit_status
+    return 128 + signal.SIGINT if type(interruption) is KeyboardInterrupt else None
+
+
+class InterruptionWatch:
+    """pytest plugin (register an instance): the interruption that stopped a pytest run, where one
+    did (pytest_keyboard_interrupt), and the exit status it calls for."""
+
+    def __init__(self) -> None:
+        self.interruption: BaseException | None = None
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        self.interruption = excinfo.value
+
+    @property
+    def exit_status(self) -> int | None:
+        """The exit status for the signal that stopped the run (130, 143); None where none did."""
+        return stop_exit_status(self.interruption) if self.interruption is not None else None
+
+
+def catch_stop_signals() -> Callable[[], None]:
+    """From now on SIGINT and SIGTERM raise Stopped in the main thread; return what puts their
+    handlers back. A signal someone else handles or ignores (SIGINT under nohup) is left as it
+    is, and so is one already caught here (nested calls, as `correctness run` around pytest's
+    session). Elsewhere than in the main thread, where Python takes no handler, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    replaced = {signum: signal.signal(signum, _raise_stopped) for signum in STOP_SIGNALS
+                if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler)}
+
+    def restore() -> None:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+
+    return restore
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+def rank_server_pid() -> int | None:
+    """The pid of this process's rank server (multiprocessing's forkserver), None where none runs."""
+    return multiprocessing.forkserver._forkserver._forkserver_pid
+
+
+def stop_rank_server() -> None:
+    """End this process's rank server, if it started one; the next run_ranks starts another.
+
+    Killed, then reaped: asked to leave (its pipe closed, multiprocessing's own ForkServer._stop),
+    it would go only once no rank of it is left and it has finished importing PRELOADED, which can
+    take a minute; it holds nothing that needs a cleanup of its own. _stop then closes the pipe,
+    reaps it and removes its socket."""
+    server = multiprocessing.forkserver._forkserver
+    pid = server._forkserver_pid
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended by itself, not reaped yet: _stop reaps it
+        pass
+    server._stop()

@@ -21,6 +21,11 @@ def count(n: int) -> str:
     return NUMBER_WORDS.get(n, f"{n:,}")
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count of a noun, singular for one: "one case", "two cases", "1,024 steps"."""
+    return f"{count(n)} {noun if n == 1 else plural or noun + 's'}"
+
+
 def sci(x: float) -> str:
     """1.62e-2 (three significant figures, no padded exponent)."""
     if x == 0:
@@ -140,7 +145,7 @@ def skipped_sentence(record: LeverRecord) -> str:
     for case in record.cases:
         if case.status == SKIP:
             reasons[case.skip_reason] = reasons.get(case.skip_reason, 0) + 1
-    return "; ".join(f"{count(n)} {'case' if n == 1 else 'cases'} skipped: {reason}" for reason, n in reasons.items())
+    return "; ".join(f"{counted(n, 'case')} skipped: {reason}" for reason, n in reasons.items())
 
 
 def format_sentence(record: LeverRecord) -> str:
@@ -155,7 +160,7 @@ def format_sentence(record: LeverRecord) -> str:
     powers = [control.power for case in limited for control in case.format.controls]
     controls = f"; every negative control outside that bound, by {min(powers):.1f} x at the least" if powers else ""
     return (
-        f"{format_limited_sentence(name)}: on {count(len(limited))} of {count(len(record.ran_cases()))} cases the"
+        f"{format_limited_sentence(name)}: on {count(len(limited))} of {counted(len(record.ran_cases()), 'case')} the"
         f" candidate fails the rule, as the {name} format floor (the FP64 result through {and_list(limited[0].format.roundings)})"
         f" does, its error {sci(min(floors))}-{sci(max(floors))}; the candidate stays within"
         f" {record.lever['rule']['factor']:g} x the floor + {compact(record.lever['rule']['slack'])}, worst"
@@ -194,7 +199,7 @@ def where_sentence(record: LeverRecord) -> str:
 def generic_text(record: LeverRecord) -> dict[str, str]:
     cases = record.ran_cases()
     shapes = sorted({c.shape.get("id", c.case_id) for c in record.cases})
-    shape = f"{record.recipe.model}: {count(len(cases))} cases run, at " + "; ".join(shapes)
+    shape = f"{record.recipe.model}: {counted(len(cases), 'case')} run, at " + "; ".join(shapes)
     skipped = skipped_sentence(record)
     note = where_sentence(record) + (f"; {skipped}" if skipped else "")
     if not cases:  # every case failed before its judgement: the entry's detail is the errors

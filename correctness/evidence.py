@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from correctness.errors import CorrectnessError
-from correctness.results import LeverRecord, read_record, record_from_json
+from correctness.results import LeverRecord, read_trusted_record, record_from_json
 
 GPU_RUN, UPSTREAM, STAND_IN, BOOKKEEPING, GPU_ONLY = "gpu-run", "upstream", "stand-in", "bookkeeping", "gpu-only"
 CLASSES = (GPU_RUN, UPSTREAM, STAND_IN, BOOKKEEPING, GPU_ONLY)  # strongest first
@@ -127,14 +127,17 @@ def _run(record: LeverRecord, path: Path) -> GpuRun | CpuRun | None:
 
 def read_results(folder: Path) -> Results:
     """Every record under `folder` (not under a hidden folder, such as the workers' `.parts`); a file
-    that is not a record of this format is refused (correctness.results.read_record), and so is a
-    folder that is not there."""
+    that is not a record of this format, or whose figures contradict it, is refused
+    (correctness.results.read_trusted_record), and so is a folder that is not there; a record of an
+    interrupted run is no evidence, and is left out."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CorrectnessError(f"results folder {folder}: not a folder")
     paths = sorted(path for path in folder.rglob("*.json")
                    if not any(part.startswith(".") for part in path.relative_to(folder).parent.parts))
-    runs = [run for path in paths if (run := _run(record_from_json(read_record(path)), path)) is not None]
+    records = [(path, read_trusted_record(path)) for path in paths]
+    runs = [run for path, data in records
+            if not data["interrupted"] and (run := _run(record_from_json(data), path)) is not None]
     return Results(folder=str(folder), gpu=tuple(run for run in runs if isinstance(run, GpuRun)),
                    cpu=tuple(run for run in runs if isinstance(run, CpuRun)))
 

@@ -608,6 +608,11 @@ def _now() -> str:
 
 
 def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, seconds: float) -> LeverRecord:
+    """The lever's record of its cases' results; its recipe reference carries the values of the
+    recipe arguments the lever reads (correctness.recipe_binding)."""
+    from correctness.recipe_binding import bound_ref  # the registry imports every lever, which import this
+    from correctness.registry import lever_reads
+
     cases = tuple(cases)
     verdict, completeness = assess(
         {case.case_id: case.status for case in cases},
@@ -616,7 +621,7 @@ def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, second
     )
     return LeverRecord(
         lever=lever_summary(lever),
-        recipe=lever.recipe,
+        recipe=bound_ref(lever.recipe, lever_reads(lever.name)),
         verdict=verdict,
         completeness=completeness,
         cases=cases,

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from correctness import memory
 from correctness.compare import Slicing
+from correctness.errors import ShapeError
 from correctness.rule import DEFAULT_RULE, Rule
 
 if TYPE_CHECKING:
@@ -156,6 +158,12 @@ class Case:
     # in FP32 where the lever judges BF16), or "neither" (the case is about another setting of the
     # flag than the recipe's). A recipe's verdict (correctness.recipe_verdict) reads it.
     recipe_runs: str = "candidate"
+    # The case's peak memory, estimated from its shape before anything is allocated (its inputs,
+    # the paths' outputs and the FP64 reference's intermediates; None: not estimated), and the
+    # shape's field that makes it large ("seq_len 8192: the FP64 reference's S x S scores"). A CPU
+    # lever with a case over the machine's available memory is refused when it is built.
+    memory_bytes: int | None = None
+    memory_driver: str | None = None
 
     def __post_init__(self):
         if self.recipe_runs not in RECIPE_SIDES:
@@ -193,6 +201,17 @@ class RecipeRef:
     # were generated from) and that file's sha256; None for a lever that reads no model facts.
     model_facts: str | None = None
     model_facts_sha256: str | None = None
+    # The recipe's model arguments (its run script's --num-layers, --hidden-size, ...) held equal to
+    # the model facts (correctness.model_arguments), and why any were not: hidden behind an array
+    # expansion such as "${MODEL_ARGS[@]}" or a bridge's conversion; None where none were hidden.
+    model_arguments_checked: tuple[str, ...] = ()
+    model_arguments_unchecked: str | None = None
+    # Where the record's recipe is (its path as given, resolved), and the recipe's values of the
+    # arguments its lever reads (the lever's declaration in correctness.registry: name -> value, null
+    # where the recipe does not set it) with their sha256: a record is for a recipe with those values.
+    path: str | None = None
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    arguments_sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +277,22 @@ class Lever:
         ids = [case.id for case in self.cases]
         if len(set(ids)) != len(ids):
             raise ValueError(f"lever {self.name}: case ids repeat: {sorted(i for i in ids if ids.count(i) > 1)}")
+        if self.tier.device == "cpu":
+            self._refuse_cases_over_memory()
+
+    def _refuse_cases_over_memory(self) -> None:
+        """ShapeError (one line) where a case that would run is estimated to need more memory than
+        this machine has available (correctness.memory)."""
+        estimated = [case for case in self.cases if case.memory_bytes is not None and case.skip_reason is None]
+        if not estimated:
+            return
+        available = memory.available_bytes()
+        largest = max(estimated, key=lambda case: case.memory_bytes)
+        if available is not None and largest.memory_bytes > available:
+            driver = f" ({largest.memory_driver})" if largest.memory_driver else ""
+            raise ShapeError(
+                f"lever {self.name}: case {largest.id} needs about {memory.shown(largest.memory_bytes)}{driver}, more"
+                f" than the {memory.shown(available)} of memory available here ({memory.available_source()})")
 
     @property
     def record_id(self) -> str:

@@ -7,7 +7,9 @@ windows, softcaps, scales, RoPE, experts, the MLP's activation and Mamba sizes; 
 config's `architectures[0]` in correctness/families.yaml gives what the config cannot say (Megatron's
 parameter names and fused layouts, fixed scales, norms, sinks). A field missing or contradicting
 another, a layer type or architecture the table does not know: ModelFactsError, one line naming the
-field, never a guess.
+field, never a guess. No field is dropped silently: the facts' `config_fields` section lists each
+field of the text model as used or ignored with the reason (families.yaml's `config_fields` table);
+a field unknown to the table whose name looks numerics-shaping is refused.
 
 The model's name is the folder holding the config.json (fixtures/configs/Llama-3.1-8B/config.json:
 "Llama-3.1-8B"), which a recipe's `model:` must match as `same_model` compares names: without
@@ -19,10 +21,11 @@ import hashlib
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -51,16 +54,33 @@ def config_file(path: str | Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
+def _unique_keys(label: str):
+    """json.loads' object_pairs_hook: an object as a dict, refusing a key given twice (json.loads
+    would keep the last value silently)."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ModelFactsError(f"{label}: duplicate key {key} in one JSON object")
+            seen[key] = value
+        return seen
+    return hook
+
+
 def read_config(path: str | Path) -> ConfigFile:
     path = config_file(path)
     label = f"model config {path}"
     raw = read_input(path, label, ModelFactsError, limit=CONFIG_LIMIT, kind="a config.json")
     try:
-        data = json.loads(raw.decode("utf-8-sig"))
+        data = json.loads(raw.decode("utf-8-sig"), object_pairs_hook=_unique_keys(label))
     except UnicodeDecodeError:
         raise ModelFactsError(f"{label}: not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise ModelFactsError(f"{label}: malformed JSON at line {error.lineno}") from None
+    except RecursionError:
+        raise ModelFactsError(f"{label}: JSON nested too deep to read") from None
+    except ValueError:  # an integer beyond Python's int_max_str_digits, the one other ValueError json raises
+        raise ModelFactsError(f"{label}: a number of more than {sys.get_int_max_str_digits()} digits") from None
     if not isinstance(data, dict):
         raise ModelFactsError(f"{label}: expected a JSON object at the top level")
     name = path.resolve().parent.name
@@ -87,10 +107,19 @@ def short_name(name: str) -> str:
 
 
 @cache
+def _family_table() -> dict[str, Any]:
+    """families.yaml, read once (every lever built from a config looks its family up)."""
+    return yaml.safe_load(FAMILIES_FILE.read_text())
+
+
 def families() -> dict[str, dict[str, Any]]:
-    """The family table, read once (every lever built from a config looks its family up)."""
-    data = yaml.safe_load(FAMILIES_FILE.read_text())
-    return data["families"]
+    return _family_table()["families"]
+
+
+def field_table() -> dict[str, Any]:
+    """The fate of each known config field: `used` (field -> the fact it gives), `ignored` (field ->
+    why), `numerics_words`."""
+    return _family_table()["config_fields"]
 
 
 def family_of(architecture: str) -> tuple[str, dict[str, Any]]:
@@ -101,10 +130,15 @@ def family_of(architecture: str) -> tuple[str, dict[str, Any]]:
 
 
 class _Config:
-    """The text model's fields of a config, read with one-line errors naming the field."""
+    """The text model's fields of a config, read with one-line errors naming the field. Every field
+    read (get, count, number, flag) is recorded as used; `ignore` records why a field present is not."""
 
-    def __init__(self, config: ConfigFile, fields: dict[str, Any]):
+    def __init__(self, config: ConfigFile, fields: dict[str, Any], architecture: str, family_name: str,
+                 family: dict[str, Any]):
         self.config, self.fields = config, fields
+        self.architecture, self.family_name, self.family = architecture, family_name, family
+        self.used: set[str] = set()
+        self.ignored: dict[str, str] = {}
 
     def error(self, message: str) -> ModelFactsError:
         return ModelFactsError(f"model config {self.config.path}: {message}")
@@ -112,12 +146,22 @@ class _Config:
     def has(self, key: str) -> bool:
         return self.fields.get(key) is not None
 
+    def _read(self, key: str) -> Any:
+        if key in self.fields:
+            self.used.add(key)
+        return self.fields.get(key)
+
+    def ignore(self, key: str, reason: str) -> None:
+        """A field present that this config's facts are not made from, and why."""
+        if key in self.fields:
+            self.ignored.setdefault(key, reason)
+
     def get(self, key: str, default: Any = None) -> Any:
-        value = self.fields.get(key)
+        value = self._read(key)
         return default if value is None else value
 
     def count(self, key: str, *, needed_for: str, minimum: int = 1, default: int | None = None) -> int:
-        value = self.fields.get(key)
+        value = self._read(key)
         if value is None and default is not None:
             return default
         if value is None:
@@ -126,27 +170,100 @@ class _Config:
             raise self.error(f"field {key} must be an integer of at least {minimum}, got {value!r}")
         return value
 
-    def first_count(self, keys: tuple[str, ...], *, needed_for: str) -> int:
-        for key in keys:
-            if self.has(key):
-                return self.count(key, needed_for=needed_for)
-        raise self.error(f"missing field {' or '.join(keys)} (needed for {needed_for})")
-
-    def number(self, key: str, default: float | None = None) -> float | None:
-        value = self.fields.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise self.error(f"field {key} must be a positive number, got {value!r}")
+    def first_count(self, keys: tuple[str, ...], *, needed_for: str, minimum: int = 1) -> int:
+        """The count under the first of a field's names; a second name the config also gives must agree."""
+        given = [(key, self.count(key, needed_for=needed_for, minimum=minimum)) for key in keys if self.has(key)]
+        if not given:
+            raise self.error(f"missing field {' or '.join(keys)} (needed for {needed_for})")
+        (first, value), *others = given
+        for other, other_value in others:
+            if other_value != value:
+                raise self.error(f"fields {first} {value} and {other} {other_value} disagree (both give {needed_for})")
         return value
 
+    def number(self, key: str, default: float | None = None) -> float | None:
+        value = self._read(key)
+        return default if value is None else positive(value, self.error, key)
+
     def flag(self, key: str, default: bool) -> bool:
-        value = self.fields.get(key)
+        value = self._read(key)
         if value is None:
             return default
         if not isinstance(value, bool):
             raise self.error(f"field {key} must be true or false, got {value!r}")
         return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def positive(value: Any, error: Callable[[str], ModelFactsError], field: str, *, zero: bool = False) -> float:
+    """A finite positive number (`zero`: or 0), else `error` naming the field (dotted within a mapping)."""
+    if not _is_number(value) or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        wanted = "a finite number of at least 0" if zero else "a finite positive number"
+        raise error(f"field {field} must be {wanted}, got {value!r}")
+    return float(value)
+
+
+def fraction(value: Any, error: Callable[[str], ModelFactsError], field: str) -> float:
+    """A rotary fraction: a number in (0, 1]."""
+    if not _is_number(value) or not 0 < value <= 1:  # NaN fails both comparisons
+        raise error(f"field {field} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+# Numbers in rope_scaling / rope_parameters (transformers' RoPE types: linear, dynamic, llama3, yarn,
+# longrope) and what they may be; mscale and mscale_all_dim of 0 turn DeepSeek's YaRN mscale off.
+ROPE_NUMBERS = {"rope_theta": "positive", "partial_rotary_factor": "fraction", "factor": "positive",
+                "low_freq_factor": "positive", "high_freq_factor": "positive", "beta_fast": "positive",
+                "beta_slow": "positive", "original_max_position_embeddings": "positive",
+                "attention_factor": "positive", "mscale": "zero", "mscale_all_dim": "zero"}
+ROPE_LISTS = ("short_factor", "long_factor")  # longrope: one factor per rotary dimension pair
+
+
+def _check_rope_mapping(cfg: _Config, mapping: Any, field: str) -> None:
+    """The numbers of a rope_scaling / rope_parameters mapping (or of one layer type's, nested)."""
+    if not isinstance(mapping, dict):
+        raise cfg.error(f"field {field} must be a mapping, got {mapping!r}")
+    for key, value in mapping.items():
+        name = f"{field}.{key}"
+        if isinstance(value, dict):
+            _check_rope_mapping(cfg, value, name)
+        elif key in ROPE_NUMBERS and value is not None:
+            rule = ROPE_NUMBERS[key]
+            if rule == "fraction":
+                fraction(value, cfg.error, name)
+            else:
+                positive(value, cfg.error, name, zero=rule == "zero")
+        elif key in ROPE_LISTS and value is not None:
+            if not isinstance(value, list):
+                raise cfg.error(f"field {name} must be a list of numbers, got {value!r}")
+            for index, item in enumerate(value):
+                positive(item, cfg.error, f"{name}[{index}]")
+
+
+# Scalar fields checked wherever a config carries them, whether or not its facts are made from them
+# (a field ignored here may be read by the model's own code): rule per field.
+CHECKED_NUMBERS = {"rope_theta": "positive", "rope_local_base_freq": "positive", "partial_rotary_factor": "fraction",
+                   "query_pre_attn_scalar": "positive", "attn_logit_softcapping": "positive",
+                   "final_logit_softcapping": "positive", "routed_scaling_factor": "positive",
+                   "swiglu_limit": "positive"}
+
+
+def _check_numbers(cfg: _Config) -> None:
+    """Refuse a RoPE base, rotary fraction, scale, softcap or window that no model could have (inf,
+    NaN, zero, negative, not a number), naming the field."""
+    for key, rule in CHECKED_NUMBERS.items():
+        value = cfg.fields.get(key)
+        if value is not None:
+            (fraction if rule == "fraction" else positive)(value, cfg.error, key)
+    window = cfg.fields.get("sliding_window")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise cfg.error(f"field sliding_window must be an integer of at least 1, got {window!r}")
+    for key in ("rope_scaling", "rope_parameters"):
+        if cfg.fields.get(key) is not None:
+            _check_rope_mapping(cfg, cfg.fields[key], key)
 
 
 def _layer_types(cfg: _Config, layers: int) -> list[str]:
@@ -165,8 +282,31 @@ def _layer_types(cfg: _Config, layers: int) -> list[str]:
     if cfg.has("sliding_window_pattern") and cfg.has("sliding_window"):  # Gemma 2/3: every n-th layer global
         every = cfg.count("sliding_window_pattern", needed_for="the layer pattern")
         return [HF_FULL if (layer + 1) % every == 0 else HF_SLIDING for layer in range(layers)]
-    if cfg.flag("use_sliding_window", False):
-        raise cfg.error("field use_sliding_window is true without layer_types: which layers slide is not said")
+    if cfg.has("use_sliding_window"):  # Qwen's switch for its window
+        if cfg.flag("use_sliding_window", False):
+            raise cfg.error("field use_sliding_window is true without layer_types: which layers slide is not said")
+        # transformers' Qwen3 configs set sliding_window to None then: no layer slides.
+        cfg.ignore("sliding_window", "use_sliding_window is false: the window applies to no layer")
+        cfg.ignore("max_window_layers", "use_sliding_window is false: no layer slides")
+        return [HF_FULL] * layers
+    return _window_alone(cfg, layers)
+
+
+def _window_alone(cfg: _Config, layers: int) -> list[str]:
+    """The layer types of a config whose only word on windows is `sliding_window`: what the
+    architecture's code makes of it (the family's `window_alone`: Mistral slides every layer by it,
+    Llama has no window); an architecture the family does not say this of, with a window, is refused."""
+    meaning = (cfg.family.get("window_alone") or {}).get(cfg.architecture)
+    if meaning == "every_layer":
+        if "sliding_window" not in cfg.fields:
+            raise cfg.error(f"missing field sliding_window ({cfg.architecture} slides every layer by it, and"
+                            " transformers' default where it is absent is not the suite's to guess; null: no window)")
+        return [HF_FULL if cfg.get("sliding_window") is None else HF_SLIDING] * layers
+    if cfg.has("sliding_window"):
+        if meaning != "unused":
+            raise cfg.error(f"field sliding_window without layer_types: whether {cfg.architecture} slides every layer"
+                            f" or none is not said (window_alone of the {cfg.family_name} family in {FAMILIES_FILE.name})")
+        cfg.ignore("sliding_window", f"{cfg.architecture} applies no window (its attention in transformers has none)")
     return [HF_FULL] * layers
 
 
@@ -180,16 +320,17 @@ def _layer_pattern(kinds: list[str]) -> dict[str, Any]:
 
 def _rope(cfg: _Config, layer_type: str) -> tuple[float | None, float]:
     """(rope_theta, partial_rotary_factor) of a layer type: per-type `rope_parameters` (Gemma 4),
-    flat `rope_parameters`, or the top-level fields; Gemma 3's local layers: rope_local_base_freq."""
+    flat `rope_parameters`, or the top-level fields; Gemma 3's local layers: rope_local_base_freq.
+    The values were checked (_check_numbers) before."""
     parameters = cfg.get("rope_parameters") or {}
-    if not isinstance(parameters, dict):
-        raise cfg.error("field rope_parameters must be a mapping")
     if isinstance(parameters.get(layer_type), dict):
         parameters = parameters[layer_type]
     theta = parameters.get("rope_theta")
     if theta is None:
         theta = cfg.get("rope_local_base_freq") if layer_type == HF_SLIDING and cfg.has("rope_local_base_freq") else cfg.get("rope_theta")
-    factor = parameters.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    factor = parameters.get("partial_rotary_factor")
+    if factor is None:
+        factor = cfg.get("partial_rotary_factor", 1.0)
     return (None if theta is None else float(theta)), float(factor)
 
 
@@ -231,8 +372,13 @@ def _softmax_scale(cfg: _Config, head_dim: int) -> float | str:
     DeepSeek-V3 computes it; otherwise 1/sqrt(head_dim), by name."""
     if cfg.has("query_pre_attn_scalar"):
         return float(cfg.number("query_pre_attn_scalar")) ** -0.5
-    scaling = cfg.get("rope_scaling") or {}
-    if cfg.has("kv_lora_rank") and isinstance(scaling, dict) and scaling.get("mscale_all_dim"):
+    if not cfg.has("kv_lora_rank"):
+        return "inverse_sqrt_head_dim"
+    scaling = cfg.fields.get("rope_scaling") or {}
+    if scaling.get("mscale_all_dim"):
+        cfg.get("rope_scaling")  # used: YaRN's mscale scales MLA's softmax
+        if scaling.get("factor") is None:
+            raise cfg.error("missing field rope_scaling.factor (needed with mscale_all_dim for MLA's softmax scale)")
         factor, all_dim = float(scaling["factor"]), float(scaling["mscale_all_dim"])
         mscale = 0.1 * all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
         return mscale * mscale / math.sqrt(head_dim)
@@ -240,10 +386,12 @@ def _softmax_scale(cfg: _Config, head_dim: int) -> float | str:
 
 
 def _moe(cfg: _Config) -> dict[str, Any] | None:
-    key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if cfg.has(k)), None)
-    if key is None or cfg.get(key) == 0:
+    keys = ("n_routed_experts", "num_experts", "num_local_experts")
+    if not any(cfg.has(key) for key in keys):
         return None
-    experts = cfg.count(key, needed_for="the experts")
+    experts = cfg.first_count(keys, needed_for="the experts", minimum=0)
+    if experts == 0:
+        return None
     top_k = cfg.first_count(("num_experts_per_tok", "experts_per_token"), needed_for="the experts chosen per token")
     if top_k > experts:
         raise cfg.error(f"num_experts_per_tok {top_k} is more than the {experts} experts")
@@ -254,6 +402,7 @@ def _moe(cfg: _Config) -> dict[str, Any] | None:
         moe["latent_size"] = cfg.count("moe_latent_size", needed_for="the MoE latent size")
     if cfg.has("moe_shared_expert_intermediate_size"):
         moe["shared_expert_ffn_hidden_size"] = cfg.count("moe_shared_expert_intermediate_size", needed_for="the shared expert")
+        cfg.ignore("n_shared_experts", "the shared expert's size is moe_shared_expert_intermediate_size")
     elif cfg.get("n_shared_experts", 0):
         moe["shared_expert_ffn_hidden_size"] = cfg.count("n_shared_experts", needed_for="the shared experts") * moe["expert_ffn_hidden_size"]
     if cfg.has("scoring_func"):
@@ -313,7 +462,10 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     fields = top.get("text_config") if family.get("text_config") else top
     if not isinstance(fields, dict):
         raise ModelFactsError(f"model config {config.path}: missing field text_config (a {family_name} model's text model)")
-    cfg = _Config(config, fields)
+    cfg = _Config(config, fields, architectures[0], family_name, family)
+    cfg.get("architectures")
+    _check_numbers(cfg)
+    _check_expected_values(cfg)
 
     layers = cfg.count("num_hidden_layers", needed_for="layers")
     hidden = cfg.count("hidden_size", needed_for="hidden_size")
@@ -347,8 +499,7 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
         facts["ffn_hidden_size"] = cfg.count("intermediate_size", needed_for="ffn_hidden_size")
     facts["vocab_size"] = cfg.count("vocab_size", needed_for="vocab_size")
     facts["mlp"] = _mlp(cfg)
-    tied = fields.get("tie_word_embeddings", top.get("tie_word_embeddings", True))  # transformers' default
-    facts["tied_embeddings"] = bool(tied)
+    facts["tied_embeddings"] = cfg.flag("tie_word_embeddings", top.get("tie_word_embeddings", True) is True)  # transformers' default
     moe = _moe(cfg)
     if moe is None:
         facts["experts"] = 0
@@ -404,7 +555,55 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     for section in ("megatron", "checkpoint", "synthetic"):
         if section in family:
             facts[section] = copy.deepcopy(family[section])
+    facts["config_fields"] = _field_fates(cfg)
     return facts
+
+
+def _check_expected_values(cfg: _Config) -> None:
+    """The family's `config_fields.expects`: a value its facts assume (a part they do not model is
+    off); another value, or an absent field whose transformers default (`defaults`) is another, is
+    refused."""
+    section = cfg.family.get("config_fields") or {}
+    defaults = section.get("defaults") or {}
+    for key, expected in (section.get("expects") or {}).items():
+        value = cfg.get(key, defaults.get(key, expected))
+        if value != expected or type(value) is not type(expected):
+            said = "" if key in cfg.fields else " (transformers' default where it is absent)"
+            raise cfg.error(f"field {key} {json.dumps(value)}{said}: the {cfg.family_name} family's facts assume"
+                            f" {json.dumps(expected)} and do not model another value")
+
+
+def _field_fates(cfg: _Config) -> dict[str, Any]:
+    """The `config_fields` section: every field of the text model used, or ignored with the reason,
+    in this order of precedence: the family's `overridden` (read, but its fact replaced by the
+    family's), read by the code or expected by the family (used), the code's own reason, the family's
+    `ignored`, the table's `ignored`, a used field not needed here; unknown last. A field unknown to
+    the table whose name has a numerics word (`numerics_words`) is refused."""
+    table, section = field_table(), cfg.family.get("config_fields") or {}
+    overridden, expected = section.get("overridden") or {}, section.get("expects") or {}
+    reasons = {**table["ignored"], **(section.get("ignored") or {}), **cfg.ignored}
+    used, ignored = [], {}
+    for key in cfg.fields:
+        if key in overridden:
+            ignored[key] = overridden[key]
+        elif key in cfg.used or key in expected:
+            used.append(key)
+        elif key in reasons:
+            ignored[key] = reasons[key]
+        elif key in table["used"]:
+            ignored[key] = f"not needed by this config (where it applies it gives {table['used'][key]})"
+        else:
+            ignored[key] = _unknown_field(cfg, key, table["numerics_words"])
+    return {"used": sorted(used), "ignored": dict(sorted(ignored.items()))}
+
+
+def _unknown_field(cfg: _Config, key: str, numerics_words: list[str]) -> str:
+    """The reason an unknown field is ignored; refused where a word of its name says numerics."""
+    words = sorted(set(key.lower().split("_")) & set(numerics_words))
+    if words:
+        raise cfg.error(f"field {key} is not known to the suite, and its name ({', '.join(words)}) says it may shape"
+                        f" what a lever computes; add it to config_fields in {FAMILIES_FILE.name} with its fate")
+    return "not known to the suite (its name says nothing of numerics)"
 
 
 def facts_text(facts: dict[str, Any]) -> str:

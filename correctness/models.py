@@ -1,11 +1,14 @@
 """Model facts: layer kinds, attention geometry and Megatron's layout of one model.
 
 Read from a facts file (fixtures/models/<name>.yaml, or one `correctness model-facts` wrote) or made
-from the model's Hugging Face config.json (correctness.model_config). `facts_for(recipe_model,
+from the model's Hugging Face config.json (correctness.model_config). `facts_for(recipe,
 given)` is what a lever uses: the facts given on the command line (--model-config), which must be
 for the recipe's model, else the suite's own: fixtures/models/<name>.yaml, then
 fixtures/configs/<Name>/config.json. Every model name is compared by
-correctness.model_config.same_model: without regard to case, with `_`, `-` and `.` alike.
+correctness.model_config.same_model: without regard to case, with `_`, `-` and `.` alike. The
+recipe's own model arguments (its run script's --num-layers, ...) must agree with the facts
+(correctness.model_arguments), and every size the levers read is held to correctness.model_limits
+where facts are read (`check_facts`).
 """
 
 import hashlib
@@ -17,7 +20,9 @@ from typing import Any
 
 from correctness.errors import RecipeError
 from correctness.fixtures import CONFIGS_DIR, MODELS_DIR
+from correctness.model_arguments import check_model_arguments
 from correctness.model_config import config_file, facts_from_config, same_model
+from correctness.model_limits import checked_number, checked_size
 from correctness.recipes import dotted_field, load_yaml, read_yaml_input
 
 
@@ -107,6 +112,65 @@ class ModelFacts:
         )
 
 
+# Sizes the levers read: dotted field -> its dimension in correctness.model_limits.
+SIZES = {
+    "layers": "layers", "hidden_size": "hidden size", "ffn_hidden_size": "FFN size", "vocab_size": "vocabulary",
+    "attention.query_heads": "attention heads",
+    "moe.experts": "experts", "moe.top_k": "experts per token", "moe.expert_ffn_hidden_size": "expert FFN size",
+    "moe.shared_expert_ffn_hidden_size": "FFN size", "moe.latent_size": "MoE latent size",
+    "attention.mla.q_lora_rank": "MLA rank", "attention.mla.kv_lora_rank": "MLA rank",
+    "mamba.heads": "Mamba heads", "mamba.head_dim": "Mamba head dim", "mamba.state_size": "Mamba state size",
+    "mamba.groups": "Mamba groups", "mamba.conv_kernel": "Mamba convolution width",
+}
+KIND_SIZES = {"kv_heads": "key-value heads", "head_dim": "head dim", "v_head_dim": "head dim", "window": "context tokens"}
+# Numbers that are no size: finite and above zero where given (None: absent).
+NUMBERS = ("attention.logit_softcap", "final_logit_softcap", "moe.routing_scaling_factor", "mlp.clamp")
+
+
+def _present(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    value: Any = data
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or value.get(key) is None:
+            return False, None
+        value = value[key]
+    return True, value
+
+
+def check_facts(data: dict[str, Any], owner: str) -> None:
+    """Hold every size the levers read to correctness.model_limits, and the RoPE bases, windows,
+    scales and softcaps to finite positive numbers: RecipeError in one line naming `owner` and the
+    field. A field that is absent is left to the lever that needs it (which names it missing)."""
+    for dotted, dimension in SIZES.items():
+        present, value = _present(data, dotted)
+        if present:
+            checked_size(value, dimension, owner, dotted)
+    present, blocks = _present(data, "mtp_blocks")
+    if present:
+        checked_size(blocks, "MTP blocks", owner, "mtp_blocks", minimum=0)
+    for dotted in NUMBERS:
+        present, value = _present(data, dotted)
+        if present:
+            checked_number(value, owner, dotted)
+    present, scale = _present(data, "attention.softmax_scale")
+    if present and scale != "inverse_sqrt_head_dim":
+        checked_number(scale, owner, "attention.softmax_scale")
+    present, kinds = _present(data, "attention.kinds")
+    for kind, facts in (kinds.items() if present and isinstance(kinds, dict) else ()):
+        _check_kind(facts, owner, f"attention.kinds.{kind}")
+
+
+def _check_kind(facts: Any, owner: str, prefix: str) -> None:
+    if not isinstance(facts, dict):
+        raise RecipeError(f"{owner}: field {prefix} must be a mapping")
+    for key, dimension in KIND_SIZES.items():
+        if facts.get(key) is not None:
+            checked_size(facts[key], dimension, owner, f"{prefix}.{key}")
+    if facts.get("rope_theta") is not None:
+        checked_number(facts["rope_theta"], owner, f"{prefix}.rope_theta")
+    if facts.get("partial_rotary_factor") is not None:
+        checked_number(facts["partial_rotary_factor"], owner, f"{prefix}.partial_rotary_factor", at_most=1.0, zero=True)
+
+
 def _named(model_name: str, named_paths: Iterable[tuple[str, Path]]) -> Path | None:
     """The first path whose name is the model's (same_model)."""
     return next((path for name, path in named_paths if same_model(name, model_name)), None)
@@ -131,6 +195,7 @@ def _facts(data: Any, label: str, source: Path, raw: bytes) -> ModelFacts:
     short = data.get("short_name")
     if not isinstance(short, str):
         raise RecipeError(f"{label}: missing field short_name")
+    check_facts(data, label)
     return ModelFacts(name=data["name"], short_name=short, data=data, source=_shown(source),
                       sha256=hashlib.sha256(raw).hexdigest())
 
@@ -150,6 +215,7 @@ def load_facts(path: str | Path) -> ModelFacts:
     if path.is_dir() or path.suffix == ".json":
         source = config_file(path)
         data = facts_from_config(source)
+        check_facts(data, f"model facts of {source}")
         return ModelFacts(name=data["name"], short_name=data["short_name"], data=data, source=_shown(source),
                           sha256=data["config_sha256"])
     label = f"model facts {path}"
@@ -171,9 +237,16 @@ def load_model(model_name: str) -> ModelFacts:
     return facts
 
 
-def facts_for(recipe_model: str, given: ModelFacts | None = None) -> ModelFacts:
-    """The facts a lever builds a recipe's shapes from: `given` (--model-config), which must be for
-    the recipe's model, else the suite's own (load_model)."""
+def facts_for(recipe: Any, given: ModelFacts | None = None) -> ModelFacts:
+    """The facts a lever builds a recipe's (correctness.recipes.Recipe) shapes from: `given`
+    (--model-config), which must be for the recipe's model, else the suite's own (load_model); the
+    recipe's run-script model arguments must agree with them (correctness.model_arguments)."""
+    facts = _chosen_facts(recipe.model, given)
+    check_model_arguments(recipe, facts)
+    return facts
+
+
+def _chosen_facts(recipe_model: str, given: ModelFacts | None) -> ModelFacts:
     if given is None:
         return load_model(recipe_model)
     if not same_model(given.name, recipe_model):

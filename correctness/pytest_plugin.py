@@ -19,6 +19,14 @@ record per run, written under --results-dir, and a verdict table per lever is pr
 Hardware markers, a tier's or a test's own, skip (never fail) where the machine lacks what they name:
 gpu (any CUDA device), h100 / h200 (that GPU), te (a usable Transformer Engine), megatron (a
 usable megatron-core).
+
+Stopping: from configure to unconfigure SIGINT and SIGTERM raise a KeyboardInterrupt
+(correctness.distributed.Stopped), so that a session a signal stops still ends in order: its ranks
+stopped and their folders removed, its records written, and its exit status the shell's for the
+signal (130, 143) in place of pytest's 2. A lever run the session did not finish (a case it
+selected has no result) is marked `interrupted`, and correctness.record_store keeps such a record,
+or one that decided fewer cases, beside the lever's record, never in its place. The rank server a
+session started (or any, where a signal stopped it) is ended at unconfigure.
 """
 
 import datetime
@@ -27,12 +35,14 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from correctness.distributed import InterruptionWatch, catch_stop_signals, rank_server_pid, stop_rank_server
 from correctness.errors import CorrectnessError
 from correctness.files import shown_path
 from correctness.harness import build_record, run_case
@@ -41,6 +51,7 @@ from correctness.models import load_facts
 from correctness.provenance import gpu_type
 from correctness.report import case_report, fit_lines, verdict_table
 from correctness.recipes import load_recipe
+from correctness.record_store import store_record, why_beside
 from correctness.results import CaseResult, LeverRecord, merge_records, read_record, record_to_json, write_record
 from correctness.tiers import GPU_MARKERS, cuda_only_markers
 
@@ -108,6 +119,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.pluginmanager.register(_SkipReasons(config.stash.setdefault(_SKIPS, {})), "correctness-skip-reasons")
+    config.stash[_STOP] = _Stop(restore_signals=catch_stop_signals(), rank_server=rank_server_pid())
+    config.pluginmanager.register(config.stash[_STOP], "correctness-stop")
     for marker, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {meaning}")
     config.stash[_RUNS] = {}
@@ -117,6 +130,26 @@ def pytest_configure(config):
         share_cpu_threads(int(worker.get("workercount", 1)))
     if worker and torch.cuda.is_available():
         torch.cuda.set_device(int(worker["workerid"].removeprefix("gw")) % torch.cuda.device_count())
+
+
+def pytest_unconfigure(config):
+    stop = config.stash.get(_STOP, None)
+    if stop is None:
+        return
+    if stop.exit_status is not None or rank_server_pid() != stop.rank_server:
+        stop_rank_server()
+    stop.restore_signals()
+
+
+class _Stop(InterruptionWatch):
+    """What stopped the session, where an interruption did (Ctrl-C, a signal, or pytest's own on
+    collection errors), and what configure found: the signal handlers to put back, and the rank
+    server that ran before the session (None: none), which the session leaves running."""
+
+    def __init__(self, restore_signals: Callable[[], None], rank_server: int | None) -> None:
+        super().__init__()
+        self.restore_signals = restore_signals
+        self.rank_server = rank_server
 
 
 def share_cpu_threads(workers: int) -> None:
@@ -305,6 +338,7 @@ _OPTIONS = pytest.StashKey[LeverOptions]()
 _WRITTEN = pytest.StashKey[list]()
 _RUN_TOKEN = pytest.StashKey[str]()
 _SKIPS = pytest.StashKey[dict]()  # lever -> why its tests skipped
+_STOP = pytest.StashKey[_Stop]()
 _VERDICTS = pytest.StashKey[tuple]()  # (recipe verdicts, example recipe ids without one, or the error)
 PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
 
@@ -345,35 +379,65 @@ def _results_dir(config) -> Path:
 
 
 def pytest_sessionfinish(session):
-    """Write each lever's record. An xdist worker writes its part; the controller merges the parts."""
+    """Write each lever's record: an xdist worker writes its part, the controller merges the parts,
+    and correctness.record_store says where each record goes. In an interrupted session a lever run
+    that did not get to every case the session selected of it is marked interrupted; where a signal
+    stopped the session, its exit status becomes the shell's for it."""
     config = session.config
     results = _results_dir(config)
     parts = results / PARTS / config.stash[_RUN_TOKEN]
     worker = getattr(config, "workerinput", None)
+    stop = config.stash[_STOP]
+    interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED or stop.interruption is not None
+    selected = _selected_cases(session)
     pieces: dict[str, list[dict]] = {}
-    for run in config.stash.get(_RUNS, {}).values():
-        data = record_to_json(build_record(run.lever, run.cases, run.started, run.seconds))
+    for key, run in config.stash.get(_RUNS, {}).items():
+        cut_short = interrupted and _cut_short(selected.get(key), (case.case_id for case in run.cases))
+        record = build_record(run.lever, run.cases, run.started, run.seconds)
+        data = record_to_json(replace(record, interrupted=cut_short))
         if worker:
-            key = hashlib.sha256(run.lever.recipe.id.encode()).hexdigest()[:12]
-            write_record(data, results, parts / f"{run.lever.record_id}.{key}.{worker['workerid']}.json")
+            digest = hashlib.sha256(run.lever.recipe.id.encode()).hexdigest()[:12]
+            write_record(data, results, parts / f"{run.lever.record_id}.{digest}.{worker['workerid']}.json")
         else:
-            pieces.setdefault(_run_key(run.lever.recipe.id, run.lever.record_id), []).append(data)
+            pieces.setdefault(key, []).append(data)
     if worker:
-        return
+        return  # the controller gives the session's exit status
     if parts.is_dir():
         for path in sorted(parts.glob("*.json")):
             data = read_record(path)
             pieces.setdefault(_run_key(data["recipe"]["id"], data["lever"]["record_id"]), []).append(data)
         shutil.rmtree(parts)
     written = []
-    for part_list in pieces.values():
+    for key, part_list in pieces.items():
         record = merge_records(part_list)
-        written.append((record, write_record(record, results)))
+        record["interrupted"] = record["interrupted"] or (
+            interrupted and _cut_short(selected.get(key), (case["case_id"] for case in record["cases"])))
+        written.append((record, store_record(record, results)))
     config.stash[_WRITTEN] = written
+    if stop.exit_status is not None:
+        session.exitstatus = stop.exit_status
     try:
         config.stash[_VERDICTS] = _recipe_verdicts(config) + (None,)
     except CorrectnessError as error:
         config.stash[_VERDICTS] = ([], [], str(error))
+
+
+def _selected_cases(session) -> dict[str, set[str]]:
+    """The cases the session selected of each lever run (run key -> case ids). An xdist controller
+    collects nothing: it knows none."""
+    selected: dict[str, set[str]] = {}
+    for item in session.items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        lever, case = params.get("lever"), params.get("case")
+        if lever is not None and case is not None:
+            selected.setdefault(_run_key(lever.recipe.id, lever.record_id), set()).add(case.id)
+    return selected
+
+
+def _cut_short(selected: set[str] | None, ran: Iterable[str]) -> bool:
+    """Whether an interrupted session's lever run lacks a result of a case it selected (where the
+    selection is not known, it may)."""
+    return selected is None or not selected <= set(ran)
 
 
 def written_records(config) -> list[tuple[dict, Path]]:
@@ -446,4 +510,6 @@ def pytest_terminal_summary(terminalreporter, config):
         # Its name and its folder on lines of their own: each whole, to be copied, within LINE_WIDTH.
         terminalreporter.write_line(f"  record: {Path(path).name}")
         terminalreporter.write_line(f"    in {shown_path(Path(path).parent)}")
+        if why_beside(path):
+            terminalreporter.write_line(f"    {why_beside(path)}")
         terminalreporter.write_line("")

@@ -31,6 +31,7 @@ from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import YAML_LIMIT, folder_parts, read_input, replace_file, write_target
 from correctness.lever import RecipeRef
 from correctness.model_config import name_key
+from correctness.model_limits import checked_size
 
 
 def dotted_field(data: Any, dotted: str, owner: str) -> Any:
@@ -47,6 +48,27 @@ COMMAND_ENDS = ("|", ";", "&&", "||", "&")
 ARRAY_EXPANSION = re.compile(r"\$\{\w+\[[@*]\]\}")
 
 
+def _train_command(run: str) -> list[str]:
+    """The words after train.py in the `run:` script's train.py command, up to the command's end
+    (training_arguments says how the command is found); [] where the script has none."""
+    for line in run.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True) if "train.py" in line else []
+        start = next((i + 1 for i, word in enumerate(words) if word.endswith("train.py")), None)
+        if start is not None:
+            break
+    else:
+        return []
+    command = words[start:]
+    end = next((i for i, word in enumerate(command) if word in COMMAND_ENDS), len(command))
+    return command[:end]
+
+
+def hidden_arguments(run: str) -> tuple[str, ...]:
+    """The array expansions (`${MODEL_ARGS[@]}`) in the `run:` script's train.py command: arguments
+    the recipe passes without showing them."""
+    return tuple(word for word in _train_command(run) if ARRAY_EXPANSION.fullmatch(word))
+
+
 def training_arguments(run: str) -> dict[str, list[list[str]]]:
     """Parse the `run:` script's train.py command: flag -> one list of values per occurrence.
 
@@ -54,18 +76,9 @@ def training_arguments(run: str) -> dict[str, list[list[str]]]:
     up to the next flag. An array expansion (`"${MODEL_ARGS[@]}"`) ends the flag before it: it
     stands for arguments of its own, which a recipe does not show. The command ends at the end of its line or at a standalone `|`, `;`, `&&`, `||` or `&`.
     """
-    for line in run.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True) if "train.py" in line else []
-        start = next((i + 1 for i, word in enumerate(words) if word.endswith("train.py")), None)
-        if start is not None:
-            break
-    else:
-        return {}
     arguments: dict[str, list[list[str]]] = {}
     current: list[str] | None = None
-    for word in words[start:]:
-        if word in COMMAND_ENDS:
-            break
+    for word in _train_command(run):
         if word.startswith("--"):
             current = []
             arguments.setdefault(word, []).append(current)
@@ -108,7 +121,7 @@ class Recipe:
 
     @property
     def row_tokens(self) -> int:
-        return self.positive_int("workload.row_tokens")
+        return checked_size(self.field("workload.row_tokens"), "context tokens", f"recipe {self.id}", "workload.row_tokens")
 
     @property
     def rows_per_microbatch(self) -> int:
@@ -135,12 +148,28 @@ class Recipe:
         return occurrences[-1] if occurrences else None
 
     @property
+    def hidden_arguments(self) -> tuple[str, ...]:
+        """The array expansions ("${MODEL_ARGS[@]}") whose arguments the train.py command passes unseen."""
+        self.arguments  # the script's field errors, in one line
+        return hidden_arguments(self.field("run"))
+
+    @cached_property
+    def model_argument_checks(self) -> dict[int, tuple[Any, Any]]:
+        """correctness.model_arguments.check_model_arguments's results, by the facts' identity."""
+        return {}
+
+    @property
     def ref(self) -> RecipeRef:
-        return RecipeRef(id=self.id, model=self.model, gpu=self.gpu, sha256=self.sha256)
+        return RecipeRef(id=self.id, model=self.model, gpu=self.gpu, sha256=self.sha256, path=str(self.path.resolve()))
 
     def ref_for(self, model: Any) -> RecipeRef:
-        """The recipe's reference with the model facts (correctness.models.ModelFacts) its shapes come from."""
-        return replace(self.ref, model_facts=model.source, model_facts_sha256=model.sha256)
+        """The recipe's reference with the model facts (correctness.models.ModelFacts) its shapes come
+        from, and the run script's model arguments compared with them (RecipeError where one differs)."""
+        from correctness.model_arguments import check_model_arguments
+
+        check = check_model_arguments(self, model)
+        return replace(self.ref, model_facts=model.source, model_facts_sha256=model.sha256,
+                       model_arguments_checked=check.checked, model_arguments_unchecked=check.unchecked)
 
 
 def _round_trip():

@@ -6,6 +6,7 @@ records would misread.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import types
@@ -18,10 +19,11 @@ from typing import Any
 from correctness.compare import RunSpread, Systematic, TensorComparison
 from correctness.errors import CorrectnessError
 from correctness.files import folder_parts, read_input, replace_file
+from correctness.fixtures import checkout_root
 from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 6  # 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
+FORMAT_VERSION = 7  # 7: the recipe's path, the arguments its lever reads and their sha256, the model arguments checked, `interrupted`; 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run
@@ -211,6 +213,9 @@ class LeverRecord:
     started: str
     finished: str
     seconds: float
+    # The run was stopped (Ctrl-C, SIGTERM) before every case it selected had run: its record is
+    # kept beside a complete one, never in its place.
+    interrupted: bool = False
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "LeverRecord":
@@ -248,7 +253,7 @@ def _from_json(kind: Any, value: Any) -> Any:
 
 def _first_difference(stated: Any, derived: Any, where: str = "") -> tuple[str, Any, Any] | None:
     if isinstance(stated, dict) and isinstance(derived, dict):
-        for key in stated.keys() | derived.keys():
+        for key in [*stated, *(key for key in derived if key not in stated)]:  # in the record's order
             found = _first_difference(stated.get(key), derived.get(key), f"{where}.{key}" if where else key)
             if found:
                 return found
@@ -266,9 +271,15 @@ def _first_difference(stated: Any, derived: Any, where: str = "") -> tuple[str, 
 
 def stated_fields_disagree(data: Mapping[str, Any]) -> str | None:
     """Where a record's stated fields differ from what its own figures give (a field written from
-    others, such as a judgement's `passes` or a control's `fails_bound`, edited by hand): the
-    first such field, or None where the record reads back as it was written."""
-    found = _first_difference(dict(data), record_to_json(record_from_json(data)))
+    others, such as a tensor's `passes` or bound, a control's `fails_bound`, the verdict, edited by
+    hand: correctness.recheck recomputes them), or its rule is looser than the suite's: the first
+    such field, or None where the record reads back as it was written."""
+    from correctness.recheck import recomputed, rule_problem
+
+    problem = rule_problem(data["lever"])
+    if problem is not None:
+        return problem
+    found = _first_difference(dict(data), record_to_json(recomputed(record_from_json(data))))
     if found is None:
         return None
     where, stated, derived = found
@@ -358,16 +369,44 @@ def record_to_json(record: LeverRecord) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **_jsonable(record)}
 
 
+FOLDER_HASH = 8  # hex digits of the recipe location's sha256 in its records' folder name
+
+
+def recipe_location(path: str | Path) -> str:
+    """Where a recipe lies, as its records' folder is keyed: below the checkout for a recipe in it,
+    else its resolved path."""
+    resolved = Path(path).resolve()
+    root = checkout_root()
+    if root is not None and resolved.is_relative_to(root.resolve()):
+        return resolved.relative_to(root.resolve()).as_posix()
+    return str(resolved)
+
+
+def folder_suffix(path: str | Path | None) -> str:
+    """The short hash of a recipe's location that its records' folder name ends with ("" for none)."""
+    if path is None:
+        return ""
+    return "." + hashlib.sha256(recipe_location(path).encode()).hexdigest()[:FOLDER_HASH]
+
+
+def records_folder(recipe: Mapping[str, Any], results_dir: Path) -> Path:
+    """results_dir/<recipe id>.<hash>: a recipe's records' folder, by its id and a short hash of
+    where it lies (folder_suffix), so that two recipes with one file name, model and GPU never share
+    one; refused where the id would lead outside results_dir (an empty, `.` or `..` part, an
+    absolute id; load_recipe refuses such a recipe id already)."""
+    recipe_parts = folder_parts(recipe["id"])
+    if recipe_parts is None:
+        raise CorrectnessError(f"recipe id {recipe['id']!r} would place a record outside the results folder {results_dir}")
+    *parents, last = recipe_parts
+    return Path(results_dir).joinpath(*parents, last + folder_suffix(recipe.get("path")))
+
+
 def record_path(data: Mapping[str, Any], results_dir: Path) -> Path:
-    """results_dir/<recipe id>/<record id>.json, refused where an id would lead outside results_dir
-    (an empty, `.` or `..` part, an absolute id; load_recipe refuses such a recipe id already)."""
-    recipe_id, record_id = data["recipe"]["id"], data["lever"]["record_id"]
-    recipe_parts = folder_parts(recipe_id)
-    for what, name, parts in (("recipe id", recipe_id, recipe_parts),
-                              ("record id", record_id, folder_parts(record_id, several=False))):
-        if parts is None:
-            raise CorrectnessError(f"{what} {name!r} would place a record outside the results folder {results_dir}")
-    return Path(results_dir).joinpath(*recipe_parts, f"{record_id}.json")
+    """records_folder/<record id>.json, refused where the record id would lead outside it."""
+    record_id = data["lever"]["record_id"]
+    if folder_parts(record_id, several=False) is None:
+        raise CorrectnessError(f"record id {record_id!r} would place a record outside the results folder {results_dir}")
+    return records_folder(data["recipe"], results_dir) / f"{record_id}.json"
 
 
 def write_record(record: LeverRecord | Mapping[str, Any], results_dir: Path, target: Path | None = None) -> Path:
@@ -388,7 +427,8 @@ def write_record(record: LeverRecord | Mapping[str, Any], results_dir: Path, tar
 
 def merge_records(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
     """One record from the parts several processes wrote for the same lever run (pytest-xdist):
-    the cases in the lever's declared order, the verdict recomputed, the times spanned."""
+    the cases in the lever's declared order, the verdict recomputed, the times spanned, and
+    interrupted where any part was."""
     first = parts[0]
     order = {case_id: index for index, case_id in enumerate(first["lever"]["cases"])}
     cases = sorted((case for part in parts for case in part["cases"]), key=lambda case: order[case["case_id"]])
@@ -406,6 +446,7 @@ def merge_records(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
         "started": min(part["started"] for part in parts),
         "finished": max(part["finished"] for part in parts),
         "seconds": sum(part["seconds"] for part in parts),
+        "interrupted": any(part["interrupted"] for part in parts),
     }
 
 
@@ -464,4 +505,14 @@ def read_record(path: Path) -> dict[str, Any]:
         where, value = nonfinite
         raise CorrectnessError(f"{label}: field {where} is {value}, not a finite number (a record writes null"
                                " where a figure is not finite)")
+    return data
+
+
+def read_trusted_record(path: Path) -> dict[str, Any]:
+    """read_record, refusing too a record whose stated figures its measurements contradict
+    (stated_fields_disagree): for readers that take a record as evidence without attaching it."""
+    data = read_record(path)
+    disagreement = stated_fields_disagree(data)
+    if disagreement is not None:
+        raise CorrectnessError(f"result record {path}: it contradicts itself: {disagreement}")
     return data

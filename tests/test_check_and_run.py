@@ -141,6 +141,9 @@ def test_a_seed_recipe_passes_on_the_cpu_and_check_agrees_with_run(recipe_id, tm
     `run` gave it, while it still asks for the recipe GPU's own results."""
     run, check = run_attach_check(recipe_path(recipe_id), tmp_path, "--tier", "cpu", "--", "-p", "no:cacheprovider")
     assert run["exit_status"] == 0 and run["verdict"]["verdict"] == "pass", run["verdict"]
+    assert run["exit_reason"] == "the recipe's verdict is pass"
+    assert run["records"] and all(record["for_recipe"] == record["verdict"] == "pass" and record["why"] is None
+                                  for record in run["records"]), run["records"]
     assert run["verdict"]["not_changed"] == []
     assert_check_agrees_with_run(run, check)
     assert_fits_a_terminal(run["report"])
@@ -149,3 +152,41 @@ def test_a_seed_recipe_passes_on_the_cpu_and_check_agrees_with_run(recipe_id, tm
     # The recipe's verdict counts its GPU's results only: Gemma's carries its H100 results, Nemotron's none.
     assert all(f["status"] == ("pass" if f["result"] == "pass" else "incomplete") for f in levers), levers
     assert check["verdict"] == ("pass" if recipe_id == GEMMA else "incomplete")
+
+
+def test_json_says_why_a_failing_record_leaves_the_exit_status_0():
+    """A lever no change of the recipe needs, or one failing only on a setting the recipe does not
+    run, fails beside exit status 0: each record and the exit reason say why."""
+    from correctness.commands.run import _record_summary, exit_reason
+    from correctness.recipe_verdict import LeverEvidence, RecipeVerdict
+
+    needed = LeverEvidence(lever="cross-entropy-fusion", flags=("--cross-entropy-loss-fusion absent -> on",),
+                           tiers=(("megatron-cpu", "pass"),), device=("cpu",), format=None, reasons=())
+    verdict = RecipeVerdict(recipe="r", basis="b", changes=(), levers=(needed,), catalogue=(), other_changes={},
+                            convergence_passes=False)
+
+    def record(name, tier, lever_verdict):
+        return {"lever": {"name": name, "tier": tier, "record_id": name}, "verdict": lever_verdict, "cases": []}
+
+    other = _record_summary(record("rope-fusion", "megatron-cpu", "fail"), "x.json", verdict)
+    assert other["for_recipe"] is None and "no change of the recipe needs this lever" in other["why"]
+    own = _record_summary(record("cross-entropy-fusion", "megatron-cpu", "fail"), "y.json", verdict)
+    assert own["for_recipe"] == "pass" and "the cases of the setting the recipe runs give pass" in own["why"]
+    reason = exit_reason(0, verdict, [other, own])
+    assert reason.startswith("the recipe's verdict is pass; 2 records whose lever verdict is not pass"), reason
+    assert exit_reason(143, verdict, []).startswith("stopped by a signal (exit status 143)")
+
+
+def test_check_and_classify_word_an_added_flag_alike(tmp_path, capsys):
+    """A flag the recipe adds reads `absent -> on` in both (check once wrote `(default) -> (absent)`)."""
+    recipe = tmp_path / "my-recipe.yaml"
+    recipe.write_text(recipe_path("llama-3.1-8b/h100/example-tp2-pp1-offload05").read_text())
+    main(["classify", str(recipe), "--json"])
+    changes = json.loads(capsys.readouterr().out)["changes"]
+    added = next(change for change in changes if change["flag"] == "--optimizer-cpu-offload")
+    assert (added["reference"], added["candidate"]) == (None, [])
+    main(["check", str(recipe), "--json"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert any(finding.get("detail", "").startswith("--optimizer-cpu-offload absent -> on:") for finding in findings)
+    main(["classify", str(recipe)])
+    assert "--optimizer-cpu-offload               absent -> on" in capsys.readouterr().out

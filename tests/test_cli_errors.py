@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -186,3 +187,15 @@ def test_a_closed_stdout_is_no_traceback(tmp_path, argv, status):
     err = process.stderr.read()
     assert process.wait(timeout=600) == status, err
     assert "BrokenPipeError" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("command", ["levers", "model-facts fixtures/configs/Llama-3.1-8B", "classify"])
+def test_a_stdout_closed_from_the_start_is_one_line_and_exit_2(command):
+    """`correctness levers >&-`: Python starts with sys.stdout None; a traceback said so before."""
+    argv = command.split()
+    if argv[0] == "classify":
+        argv.append(str(recipe_path(GEMMA)))
+    finished = subprocess.run(f"{sys.executable} -m correctness.cli {' '.join(argv)} >&-", shell=True,
+                              cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 2, finished.stderr
+    assert finished.stderr == "correctness: standard output is closed: nothing it prints could be read\n"

@@ -54,7 +54,7 @@ def test_shapes_come_from_the_recipe_and_the_model():
     recipe = lever_recipe(GEMMA)
     from correctness.models import facts_for
 
-    model = facts_for(recipe.model, None)
+    model = facts_for(recipe, None)
     at_scale = cross_entropy.cross_entropy_shape(recipe, model, "recipe", 2, 0.0)
     assert at_scale.vocab_slice == int(model.field("vocab_size")) // recipe.tp
     assert (at_scale.seq_len, at_scale.batch) == (recipe.row_tokens, recipe.rows_per_microbatch)

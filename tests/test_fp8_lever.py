@@ -181,18 +181,18 @@ def test_scales_not_applied_or_applied_twice_are_the_controls_mistakes():
 
 def _shape(**fields):
     recipe = load_recipe(recipe_path(NEMOTRON))
-    shape = fp8.fp8_shapes(recipe, fp8.facts_for(recipe.model), "smoke")[1]
+    shape = fp8.fp8_shapes(recipe, fp8.facts_for(recipe), "smoke")[1]
     return replace(shape, **fields)
 
 
 def test_shapes_and_configurations_come_from_the_recipe():
-    gemma = fp8.fp8_shapes(load_recipe(recipe_path(GEMMA)), fp8.facts_for("Gemma-4-31B"), "recipe")
+    gemma = fp8.fp8_shapes(load_recipe(recipe_path(GEMMA)), fp8.facts_for(load_recipe(recipe_path(GEMMA))), "recipe")
     assert {(s.linear, s.out_features, s.in_features, s.tokens) for s in gemma} == {
         ("attn-proj", 5376, 4096, 8192), ("mlp-fc1", 21504, 5376, 8192)}
     assert {s.wgrad_dtype for s in gemma} == {"bf16"}  # --no-gradient-accumulation-fusion
     assert {(s.fp8_recipe, s.fp8_format) for s in gemma} == {(r, f) for r in fp8.RECIPES for f in fp8.FORMATS}
     assert not any(s.recipe_trains_in_fp8 for s in gemma)
-    nemotron = fp8.fp8_shapes(load_recipe(recipe_path(NEMOTRON)), fp8.facts_for("Nemotron-3-Super-120B-A12B"), "recipe")
+    nemotron = fp8.fp8_shapes(load_recipe(recipe_path(NEMOTRON)), fp8.facts_for(load_recipe(recipe_path(NEMOTRON))), "recipe")
     assert {(s.parameter.split(".", 3)[-1], s.out_features, s.in_features, s.tokens, s.wgrad_dtype) for s in nemotron} == {
         ("self_attention.linear_proj.weight", 4096, 1024, 16384, "fp32"),
         ("mlp.shared_experts.linear_fc1.weight", 1344, 4096, 16384, "fp32")}
@@ -322,7 +322,7 @@ def test_the_block_scale_mistake_leaves_per_tensor_recipes_unchanged():
 
 def test_the_hopper_gpu_tier_leaves_out_mxfp8_unless_the_recipe_asks_for_it():
     recipe = load_recipe(recipe_path(GEMMA))
-    model = fp8.facts_for(recipe.model)
+    model = fp8.facts_for(recipe)
     assert "mxfp8" not in {s.fp8_recipe for s in fp8.fp8_shapes(recipe, model, "recipe", gpu="H100")}
     asks = with_flags(GEMMA, "--fp8-format e4m3 --fp8-recipe mxfp8")
     assert {s.fp8_recipe for s in fp8.fp8_shapes(asks, model, "recipe", gpu="H100")} == {"mxfp8"}

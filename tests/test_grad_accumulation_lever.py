@@ -74,7 +74,7 @@ def test_reference_refuses_what_it_cannot_sum():
 @pytest.mark.parametrize("recipe_id", [GEMMA, NEMOTRON])
 def test_shapes_come_from_the_recipe_and_the_model(recipe_id):
     recipe = lever_recipe(recipe_id)
-    model = facts_for(recipe.model, None)
+    model = facts_for(recipe, None)
     smoke = accumulation.cpu_tier(recipe_id, LeverOptions())[0].cases[0].shape
     at_scale = accumulation.megatron_gpu_tier(recipe_id, LeverOptions())[0].cases[0].shape
     weight = accumulation_inputs.first_column_parallel(recipe, model, "recipe")

@@ -36,7 +36,7 @@ def test_reference_is_each_expert_mlp_row_by_row():
 
 def test_shapes_come_from_the_recipe_and_the_model():
     recipe = lever_recipe(NEMOTRON)
-    model = facts_for(recipe.model, None)
+    model = facts_for(recipe, None)
     at_scale = moe_shape(recipe, model, "recipe", "experts")
     assert at_scale.local_experts == 512 // recipe.positive_int("layout.ep")
     assert (at_scale.expert_input, at_scale.ffn, at_scale.top_k) == (1024, 2688, 22)  # the latent size
@@ -66,7 +66,7 @@ def test_torch_grouped_mm_runs_on_the_cpu_and_refuses_fp64():
 
 def _small_lever(candidate):
     (lever,) = grouped_gemm_lever.cpu_tier(NEMOTRON, LeverOptions())
-    model = facts_for(lever_recipe(NEMOTRON).model, None)
+    model = facts_for(lever_recipe(NEMOTRON), None)
     shape = replace(lever.cases[0].shape, expert_input=64, ffn=96, experts=32, top_k=4, tokens=96)
     case = Case(id="small", shape=shape, seed=3, source="synthetic", variant="routed-uneven",
                 make_inputs=lambda device: experts.make_experts_inputs(shape, model, 3, device))

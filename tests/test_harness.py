@@ -604,7 +604,9 @@ def test_write_then_read_record_round_trips(tmp_path):
     assert (data["format"], data["format_version"]) == (FORMAT, FORMAT_VERSION)
     assert data["verdict"] == "pass"
     assert data["recipe"] == {"id": RECIPE.id, "model": "Toy", "gpu": "none", "sha256": RECIPE.sha256,
-                              "model_facts": None, "model_facts_sha256": None}
+                              "model_facts": None, "model_facts_sha256": None, "model_arguments_checked": [],
+                              "model_arguments_unchecked": None, "path": None, "arguments": {}, "arguments_sha256": None}
+    assert data["interrupted"] is False
     assert [case["case_id"] for case in data["cases"]] == [case.case_id for case in record.cases]
     first = data["cases"][0]
     assert first["candidate"]["passes"] is True

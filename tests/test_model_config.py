@@ -7,15 +7,17 @@ import pytest
 import yaml
 
 from correctness.cli import main
-from correctness.fixtures import CONFIGS_DIR, MODELS_DIR
+from correctness.fixtures import CONFIGS_DIR, MODELS_DIR, RECIPES_DIR
 from correctness.model_config import ModelFactsError, facts_from_config, short_name
 from correctness.models import facts_for, load_facts, load_model
+from correctness.recipes import load_recipe
 from correctness.errors import RecipeError
 
 SEED_MODELS = ("Gemma-4-31B", "Nemotron-3-Super-120B-A12B")
-OTHER_MODELS = ("Llama-3.1-8B", "Qwen3-32B", "Qwen3-30B-A3B", "GPT-OSS-20B", "Moonlight-16B-A3B")
-# Fields of a facts file that say where it came from, not what the model is.
-DOCUMENTATION = {"source", "revision", "config_sha256", "family"}
+OTHER_MODELS = ("Llama-3.1-8B", "Mistral-7B-v0.1", "Qwen3-32B", "Qwen3-30B-A3B", "GPT-OSS-20B", "Moonlight-16B-A3B")
+# Fields of a facts file that say where it came from, not what the model is (config_fields: what
+# became of each field of the config; tests/test_config_fields.py).
+DOCUMENTATION = {"source", "revision", "config_sha256", "family", "config_fields"}
 
 
 def leaves(data, prefix=""):
@@ -66,7 +68,7 @@ def test_the_config_fields_land_where_the_levers_read_them():
 
 @pytest.mark.parametrize("model, activation, gated", [
     ("Gemma-4-31B", "gelu_tanh", True), ("Nemotron-3-Super-120B-A12B", "squared_relu", False),
-    ("Llama-3.1-8B", "silu", True), ("Qwen3-32B", "silu", True), ("Qwen3-30B-A3B", "silu", True),
+    ("Llama-3.1-8B", "silu", True), ("Mistral-7B-v0.1", "silu", True), ("Qwen3-32B", "silu", True), ("Qwen3-30B-A3B", "silu", True),
     ("Moonlight-16B-A3B", "silu", True), ("GPT-OSS-20B", "quick_gelu", True),
 ])
 def test_the_mlp_activation_comes_from_the_config_and_its_family(model, activation, gated):
@@ -170,8 +172,8 @@ def test_model_facts_writes_a_file_the_levers_read_back(tmp_path, capsys):
 def test_facts_for_another_model_are_refused(tmp_path):
     facts = load_facts(CONFIGS_DIR / "Qwen3-32B")
     with pytest.raises(RecipeError, match="are for Qwen3-32B, but the recipe is for Llama-3.1-8B"):
-        facts_for("Llama-3.1-8B", facts)
-    assert facts_for("qwen3-32b", facts) is facts
+        facts_for(load_recipe(RECIPES_DIR / "llama-3.1-8b/h100/example-tp2-pp1-offload05.yaml"), facts)
+    assert facts_for(load_recipe(RECIPES_DIR / "qwen3-32b/h100/example-tp4-pp2-offload08.yaml"), facts) is facts
 
 
 def llama_recipe(tmp_path, **changes):

@@ -58,13 +58,13 @@ def test_short_names_of_one_model_are_one_models(name, spelling):
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_a_config_in_a_folder_spelled_otherwise_is_the_recipes_model(tmp_path, spelling):
     facts = load_facts(config_in(tmp_path, spelling))
-    assert facts.name == spelling and facts_for("Qwen3-32B", facts) is facts
+    assert facts.name == spelling and facts_for(load_recipe(recipe_path(QWEN)), facts) is facts
 
 
 def test_a_config_of_another_model_is_refused_naming_both(tmp_path):
     facts = load_facts(config_in(tmp_path, "qwen3-30b-a3b", model="Qwen3-30B-A3B"))
     with pytest.raises(RecipeError) as refused:
-        facts_for("Qwen3-32B", facts)
+        facts_for(load_recipe(recipe_path(QWEN)), facts)
     assert "are for qwen3-30b-a3b, but the recipe is for Qwen3-32B" in str(refused.value)
     assert "\n" not in str(refused.value)
 

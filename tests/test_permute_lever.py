@@ -30,7 +30,7 @@ def test_reference_permutation_groups_by_expert_and_combines_back():
 
 def _small_levers(candidate=None):
     levers = permute_lever.cpu_tier(QWEN3_MOE, LeverOptions())
-    model = facts_for(lever_recipe(QWEN3_MOE).model, None)
+    model = facts_for(lever_recipe(QWEN3_MOE), None)
     shape = replace(levers[0].cases[0].shape, tokens=16, expert_input=32)
     case = Case(id="small", shape=shape, seed=5, source="synthetic", variant="routed-top-k",
                 make_inputs=lambda device: permutation.make_permute_inputs(shape, model, 5, device))

@@ -33,7 +33,7 @@ GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 
 def settings_of(recipe_id):
     recipe = lever_recipe(recipe_id)
-    return router_settings(recipe, facts_for(recipe.model, None))
+    return router_settings(recipe, facts_for(recipe, None))
 
 
 def looped_routing(logits, top_k, score_function, scaling, bias):

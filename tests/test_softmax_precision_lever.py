@@ -39,7 +39,7 @@ ARGUMENTS_YAML = "correctness/rules/arguments.yaml"
 
 def shapes(recipe_id, scale=TEST_SCALE):
     recipe = load_recipe(recipe_path(recipe_id))
-    model = facts_for(recipe.model, None)
+    model = facts_for(recipe, None)
     return [attention_shape(recipe, model, kind, scale) for kind in model.attention_kinds]
 
 

@@ -93,7 +93,7 @@ def test_shapes_come_from_the_recipe_and_the_model_facts(recipe, sites):
     """Each site's half width is the model's FFN width over TP (ETP for the experts), at both
     scales; the smoke scale cuts only the tokens; the experts take the router's dtype."""
     loaded = lever_recipe(recipe)
-    model = facts_for(loaded.model, None)
+    model = facts_for(loaded, None)
     for scale in ("recipe", "smoke"):
         shapes = {shape.site: shape for shape in swiglu.swiglu_shapes(loaded, model, scale)}
         assert set(shapes) == set(sites)

@@ -124,7 +124,7 @@ def load_model_facts(recipe: Recipe, path: str | Path | None = None) -> ModelFac
     """The recipe model's facts: the suite's own (correctness.models.load_model), or those in the
     file at `path` (a facts file or a config.json, for a model the suite has none of, such as the
     tests' tiny model). They must be for the recipe's model."""
-    return facts_for(recipe.model, None if path is None else load_facts(path))
+    return facts_for(recipe, None if path is None else load_facts(path))
 
 
 def default_layers(model: ModelFacts) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ from typing import Any
 
 from correctness.entries import (
     and_list,
+    counted,
     bound_sentence,
     candidate_tensors,
     controls_sentence,
@@ -54,7 +55,7 @@ def _shape_sentence(record: LeverRecord) -> str:
     for case in checkpoint:
         by_kind.setdefault(case.shape["layer_kind"], []).append(case.case_id.rsplit("layer", 1)[1].lstrip("0") or "0")
     layers = ", ".join(f"{kind} layers {and_list(numbers)}" for kind, numbers in by_kind.items())
-    cases = f"{count(len(synthetic))} synthetic cases"
+    cases = counted(len(synthetic), "synthetic case")
     if checkpoint:
         ran = all(case.status != SKIP for case in checkpoint)
         cases += f" and {count(len(checkpoint))} from the checkpoint ({layers})" + ("" if ran else ", which did not run")

@@ -34,6 +34,7 @@ from correctness.attention.eager import EagerUnfused
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.inputs import AttentionInputs, checkpoint_file, checkpoint_inputs, synthetic_inputs
 from correctness.attention.reference import Fp64Reference
+from references.attention import WORKING_SET_BYTES
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
 from correctness import tiers
@@ -51,8 +52,31 @@ CHECKPOINT_GRAD_SEED = 0
 GPU_SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 
 
+# Peak bytes per element of the eager unfused path's score-sized arrays (the default runs on every
+# case): the logits in the input dtype, masked in FP32, the FP32 probabilities, their rounding to
+# the dtype, the mask, and in the backward the FP32 gradient of each; and per element of a
+# token-sized tensor (q, k, v, the output and their gradients): the seeded FP32 draws, the inputs,
+# each path's outputs (the FP64 reference's at 8 bytes) and the judge's FP64 copies. Measured on
+# the CPU (8 heads, d 128, BSHD): 391 MB, 865 MB and 2.96 GB at 1,024, 2,048 and 4,096 tokens,
+# against estimates of 436 MB, 1.14 GB and 3.76 GB.
+SCORE_BYTES = 24
+TOKEN_BYTES = 96
+
+
+def attention_memory(shape: AttentionShape) -> tuple[int, str]:
+    """A case's estimated peak bytes and the shape field that makes them: the S x S scores of every
+    head (one packed sequence of all rows in THD), the token-sized tensors, and the FP64
+    reference's query blocks (references.attention.WORKING_SET_BYTES, P and dP/dS)."""
+    rows = shape.batch if shape.qkv_format == "bshd" else 1
+    scores = rows * shape.heads * shape.tokens * shape.tokens
+    tokens = shape.batch * shape.seq_len * shape.heads * max(shape.head_dim, shape.v_head_dim)
+    estimate = SCORE_BYTES * scores + TOKEN_BYTES * tokens + 2 * WORKING_SET_BYTES
+    return estimate, f"seq_len {shape.seq_len}: {shape.heads} heads' {shape.tokens} x {shape.tokens} scores"
+
+
 def synthetic_case(shape: AttentionShape, seed: int, variant: str, expected_backend: str | None = None) -> Case:
     suffix = "" if variant == "model-like" else f"-{variant}"
+    memory_bytes, memory_driver = attention_memory(shape)
     return Case(
         id=f"{shape.id}{suffix}-seed{seed}",
         shape=shape,
@@ -61,6 +85,8 @@ def synthetic_case(shape: AttentionShape, seed: int, variant: str, expected_back
         variant=variant,
         make_inputs=lambda device: synthetic_inputs(shape, seed, device, variant),
         expected_backend=expected_backend,
+        memory_bytes=memory_bytes,
+        memory_driver=memory_driver,
     )
 
 
@@ -77,6 +103,7 @@ def checkpoint_case(
     """A case on captured inputs (correctness capture-attention). `recipe_groups`: the key-value groups
     of the recipe-scale rank-local slice the capture holds (None: the shape's own, a recipe-scale shape)."""
     path = None if folder is None else checkpoint_file(folder, layer)
+    memory_bytes, memory_driver = attention_memory(shape)
     return Case(
         id=f"{shape.id}-layer{layer:02d}",
         shape=shape,
@@ -91,6 +118,8 @@ def checkpoint_case(
         else "no captured checkpoint inputs given (--checkpoint-cases DIR or CORRECTNESS_CHECKPOINT_CASES)",
         required=False,
         expected_backend=expected_backend,
+        memory_bytes=memory_bytes,
+        memory_driver=memory_driver,
     )
 
 
@@ -211,7 +240,7 @@ def attention_backend_lever(
     description: str, claims: bool = False,
 ) -> Lever:
     """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     expected = expected_te_backends(recipe, model) if claims else {}
     return Lever(
         name=NAME,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from correctness.attention.lever import attention_memory
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import AttentionInputs, synthetic_inputs
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
@@ -73,9 +74,11 @@ class PerRow:
 
 
 def packing_case(shape: AttentionShape, seed: int) -> Case:
+    memory_bytes, memory_driver = attention_memory(shape)
     return Case(
         id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
         make_inputs=lambda device: synthetic_inputs(shape, seed, device, "model-like"),
+        memory_bytes=memory_bytes, memory_driver=memory_driver,
     )
 
 
@@ -114,7 +117,7 @@ def packing_controls(candidate: Implementation) -> tuple[Control, ...]:
 def packing_lever(
     *, recipe: Recipe, tier: Tier, scale: Scale, packed: Implementation, description: str, options: LeverOptions
 ) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     if qkv_format(recipe) != "thd":
         raise NotApplicable(f"recipe {recipe.id} does not pack rows (its attention runs BSHD, not THD)")
     cases = []

@@ -98,7 +98,7 @@ def softmax_precision_lever(
     options: LeverOptions, description: str = DESCRIPTION,
 ) -> Lever:
     applies(recipe)
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     return Lever(
         name=NAME,
         version=VERSION,

@@ -10,7 +10,8 @@ with it they are written atomically (an existing file is replaced only once the 
 `--model-config` (pytest and `correctness run`) takes the config itself or the file written here.
 
 Exit status: 0 written; 2 a config the facts cannot be made from (a missing or contradictory
-field, an unknown architecture or layer type: one line naming it), nothing written.
+field, an unknown architecture or layer type, a size over correctness.model_limits' limit: one line
+naming it), nothing written.
 """
 
 from pathlib import Path
@@ -19,6 +20,7 @@ from correctness.commands import EXIT_OK, emit
 from correctness.errors import RecipeError
 from correctness.files import replace_file
 from correctness.model_config import facts_from_config, facts_text
+from correctness.models import check_facts
 
 
 def add_arguments(parser) -> None:
@@ -28,6 +30,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     facts = facts_from_config(args.config)
+    check_facts(facts, f"model facts of {args.config}")
     text = facts_text(facts)
     if args.output:
         path = Path(args.output)

@@ -30,16 +30,29 @@ fails there). Each is refused in one line.
 --json: stdout holds one JSON object and nothing else (pytest's report goes to stderr):
 {"recipe", "recipe_file", "tier", "markers", "levers", "results_dir", "pytest": {"arguments",
 "exit_code", "outcome"} (null where no test was needed), "records": [{"lever", "tier", "record_id",
-"verdict", "cases": {status: count}, "path"}], "verdict": {"recipe", "verdict", "against",
-"changes", "levers", "not_changed", "other_changes", "convergence_passes"}, "exit_status"}.
+"verdict", "for_recipe", "why", "cases": {status: count}, "interrupted", "path"}], "verdict":
+{"recipe", "verdict", "against", "changes", "levers", "not_changed", "other_changes",
+"convergence_passes"}, "exit_status", "exit_reason"}. A record's `for_recipe` is its verdict over
+the cases of the setting the recipe runs (null where no change of the recipe needs its lever), and
+`why` says why it differs from the lever's own `verdict`; `exit_reason` says in one sentence why the
+exit status is what it is (a failing record beside exit status 0 is one of those).
 
-Exit status: 0 the recipe passes; 1 it fails or is incomplete; 2 bad input, or pytest stopped.
+Ctrl-C (SIGINT) or SIGTERM at any point stops the run in order: no test starts after it (one in the
+quiet collection included), the session writes the records of what ran (a lever it did not finish
+kept beside its complete record: correctness.record_store), the ranks, the rank server and the
+temporary folders go, and the command exits 130 (SIGINT) or 143 (SIGTERM), as a shell reports a
+process the signal ended. With --json a run stopped during its session still prints its object (its
+records' `interrupted` saying which lever runs it cut short), with that exit status.
+
+Exit status: 0 the recipe passes; 1 it fails or is incomplete; 2 bad input, or pytest stopped;
+130 / 143 stopped by SIGINT / SIGTERM.
 """
 
 import contextlib
 import importlib.util
 import io
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -49,8 +62,10 @@ import pytest
 import torch
 
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
+from correctness.distributed import InterruptionWatch, catch_stop_signals, stop_exit_status
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
+from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
 from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, verdict_lines
 from correctness.recipes import load_recipe, validate_recipe
@@ -129,13 +144,14 @@ def writable_folder(path: Path) -> Path:
     return path
 
 
-class _Collection:
+class _Collection(InterruptionWatch):
     """pytest plugin for the quiet collection before the run. The plugin builds each test's levers
     from the recipe at collection (pytest_generate_tests), so a recipe they cannot use fails there,
     as a collection error with a traceback among pytest's report: this keeps the CorrectnessError
     of each such collector, for one line before any test starts."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.errors: list[str] = []
         self.selected = 0
 
@@ -152,11 +168,12 @@ class _Collection:
         self.selected = len(session.items)
 
 
-class _Summary:
+class _Summary(InterruptionWatch):
     """pytest plugin: the records the session wrote, and the recipe's verdict the plugin gave
     (None where the session stopped before it could judge)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.records: list[tuple[dict, Path]] = []
         self.verdict: RecipeVerdict | None = None
         self.error: CorrectnessError | None = None
@@ -191,20 +208,68 @@ def _report_to_stderr(active: bool):
         os.close(saved)
 
 
-def _record_summary(record: dict[str, Any], path: Path) -> dict[str, Any]:
+def _record_summary(record: dict[str, Any], path: Path, verdict: RecipeVerdict) -> dict[str, Any]:
+    """A record as --json lists it: its lever's verdict, and whether and how it counts for the
+    recipe's (`for_recipe`: the verdict of its cases the recipe runs; null where no change of the
+    recipe needs its lever), with the reason where the two differ."""
     cases: dict[str, int] = {}
     for case in record.get("cases", []):
         cases[case.get("status")] = cases.get(case.get("status"), 0) + 1
     lever = record.get("lever", {})
+    needed = next((evidence for evidence in verdict.levers if evidence.lever == lever.get("name")), None)
+    for_recipe = None if needed is None else dict(needed.tiers).get(lever.get("tier"))
+    if needed is None:
+        why = "no change of the recipe needs this lever: evidence about flags it did not change, not its verdict"
+    elif for_recipe != record.get("verdict"):
+        why = (f"the lever's verdict is {record.get('verdict')} over all its cases; the cases of the setting the"
+               f" recipe runs give {for_recipe}, which the recipe's verdict takes")
+    else:
+        why = None
     return {"lever": lever.get("name"), "tier": lever.get("tier"), "record_id": lever.get("record_id"),
-            "verdict": record.get("verdict"), "cases": cases, "path": str(path)}
+            "verdict": record.get("verdict"), "for_recipe": for_recipe, "why": why, "cases": cases,
+            "interrupted": record.get("interrupted"), "path": str(path)}
+
+
+def exit_reason(code: int, verdict: RecipeVerdict, records: list[dict[str, Any]]) -> str:
+    """Why `correctness run` exits with `code`, in one sentence (--json's `exit_reason`)."""
+    if code in (EXIT_OK, EXIT_FAIL):
+        reason = f"the recipe's verdict is {verdict.verdict}"
+        apart = [record for record in records if record["why"] and record["verdict"] != PASS]
+        if apart:
+            reason += (f"; {len(apart)} record{'s' if len(apart) > 1 else ''} whose lever verdict is not pass"
+                       " count for it only as their `for_recipe` says (see `why`)")
+        return reason
+    if code == EXIT_BAD_INPUT:
+        return "bad input, or pytest stopped before the recipe could be judged (see stderr)"
+    return f"stopped by a signal (exit status {code}) before the recipe could be judged"
 
 
 def run(args) -> int:
+    """Judge the recipe (the module's docstring); a signal stops it in order, with its exit status."""
+    restore_signals = catch_stop_signals()
+    try:
+        return _judge(args)
+    except KeyboardInterrupt as interruption:
+        status = stop_exit_status(interruption)
+        if status is None:
+            raise
+        return _stopped(status)
+    finally:
+        restore_signals()
+
+
+def _stopped(status: int) -> int:
+    print(f"correctness run: stopped by {signal.Signals(status - 128).name}", file=sys.stderr)
+    return status
+
+
+def _judge(args) -> int:
     recipe = load_recipe(args.recipe)
     validate_recipe(recipe.data, recipe.id)
     try:
-        facts_for(recipe.model, load_facts(args.model_config) if args.model_config else None)
+        facts_for(recipe, load_facts(args.model_config) if args.model_config else None)
+    except ModelArgumentError:  # names the recipe already
+        raise
     except RecipeError as error:
         raise RecipeError(f"recipe {recipe.id}: {error}") from None
     classification = recipe_changes(recipe, args.reference)
@@ -241,6 +306,8 @@ def run(args) -> int:
     collection = _Collection()
     with contextlib.redirect_stdout(io.StringIO()):  # quiet: its report is the run's to print
         collected = pytest.main([*selected, "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[collection])
+    if collection.exit_status is not None:
+        return _stopped(collection.exit_status)
     if collection.errors:
         more = f" (and {len(collection.errors) - 1} more)" if len(collection.errors) > 1 else ""
         raise CorrectnessError(
@@ -264,7 +331,9 @@ def run(args) -> int:
         raise summary.error
     verdict = summary.verdict or judge_recipe(recipe, classification, [])  # stopped early: nothing judged
     code = EXIT_OK if summary.verdict is not None and verdict.verdict == PASS else EXIT_FAIL
-    if COLLECT_ONLY & set(args.passthrough):  # nothing ran, nothing is judged: pytest's own status
+    if summary.exit_status is not None:
+        code = _stopped(summary.exit_status)
+    elif COLLECT_ONLY & set(args.passthrough):  # nothing ran, nothing is judged: pytest's own status
         code = EXIT_OK if status == pytest.ExitCode.OK else EXIT_BAD_INPUT
     elif status == pytest.ExitCode.NO_TESTS_COLLECTED:
         code = EXIT_BAD_INPUT
@@ -275,13 +344,15 @@ def run(args) -> int:
         outcome = status.name.lower().replace("_", " ") if isinstance(status, pytest.ExitCode) else "a plugin's code"
         print(f"correctness run: pytest stopped ({outcome}, exit status {int(status)}); see its report above",
               file=sys.stderr)
-    report["pytest"] = {"arguments": command + list(args.passthrough), "exit_code": int(status),
-                        "outcome": status.name.lower() if isinstance(status, pytest.ExitCode) else None}
-    report["records"] = [_record_summary(record, path) for record, path in summary.records]
+    outcome = "interrupted" if summary.exit_status is not None else status.name.lower() if isinstance(
+        status, pytest.ExitCode) else None
+    report["pytest"] = {"arguments": command + list(args.passthrough), "exit_code": int(status), "outcome": outcome}
+    report["records"] = [_record_summary(record, path, verdict) for record, path in summary.records]
     return _finish(args, report, verdict, code)
 
 
 def _finish(args, report: dict[str, Any], verdict: RecipeVerdict, code: int) -> int:
     if args.json:
-        emit(args, [], {**report, "verdict": verdict.to_dict(), "exit_status": code})
+        emit(args, [], {**report, "verdict": verdict.to_dict(), "exit_status": code,
+                        "exit_reason": exit_reason(code, verdict, report.get("records") or [])})
     return code

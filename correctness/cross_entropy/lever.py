@@ -327,6 +327,23 @@ def cross_entropy_shape(recipe: Recipe, model: ModelFacts, scale: str, tp: int, 
     )
 
 
+# Peak bytes per logit (row tokens x the full vocabulary), the lever's process and its ranks
+# together: the FP32 draws and the inputs, each rank's slice and its gradient, every path's
+# gradients (the FP32 probe's too), and the FP64 reference's logits, softmax and gradient over the
+# full vocabulary. Measured at 2,048 x 16,384 logits on the CPU: about 118 bytes a logit in the
+# lever's process and 36 in its rank's.
+LOGIT_BYTES = 160
+
+
+def cross_entropy_memory(shape: CrossEntropyShape) -> int:
+    """A case's estimated peak bytes, all its ranks together: LOGIT_BYTES per logit."""
+    return LOGIT_BYTES * shape.seq_len * shape.batch * shape.vocab
+
+
+def cross_entropy_driver(shape: CrossEntropyShape) -> str:
+    return f"row_tokens {shape.seq_len} x {shape.batch} rows x vocabulary {shape.vocab} logits"
+
+
 def describe(candidate: MegatronPath) -> str:
     te = candidate.call.function == TE
     what = "TE's parallel cross entropy" if te else "Megatron's fused vocab-parallel cross entropy"
@@ -337,7 +354,7 @@ def describe(candidate: MegatronPath) -> str:
 def cross_entropy_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions,
                         candidate: MegatronPath = NATIVE, shared_session: bool = True) -> Lever:
     """The lever of every tier; `shared_session`: one start of ranks for all its cases (else one per case)."""
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     timeout = DEFAULT_TIMEOUT if tier.device == "cpu" else GPU_TIMEOUT
     controls = (
         Control(name="labels off by one position", path=shifted(candidate)),
@@ -356,7 +373,8 @@ def cross_entropy_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Leve
                 return CrossEntropyInputs(shape=shape, key=key, logits=logits.to(device), labels=labels.to(device),
                                           upstream=upstream.to(device), session=case_session)
 
-            case = Case(id=key, shape=shape, seed=seed, source="synthetic", variant=variant, make_inputs=make_inputs)
+            case = Case(id=key, shape=shape, seed=seed, source="synthetic", variant=variant, make_inputs=make_inputs,
+                        memory_bytes=cross_entropy_memory(shape), memory_driver=cross_entropy_driver(shape))
             calls = ((candidate.call, 2), (UNFUSED_PATH.call, 2)) + tuple(
                 (control.path.call, 1) for control in controls if control.why_inapplicable(case) is None
             )

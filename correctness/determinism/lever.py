@@ -112,7 +112,7 @@ def attention_controls(candidate: Implementation) -> tuple[Control, ...]:
 
 
 def attention_lever(recipe: Recipe, *, tier: Tier, scale: Scale, base: Implementation, options: LeverOptions) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     candidate = InMode(base, deterministic=True, device=tier.device)
     cases = tuple(case for case in attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS)
                   if case.variant == "model-like")

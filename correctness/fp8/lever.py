@@ -265,12 +265,26 @@ def summarize(case: CaseResult) -> dict[str, Any]:
     }
 
 
+# Peak bytes per element of the case's largest tensors, all paths together: the FP32 draws, the
+# inputs in their dtype, each path's outputs and gradients, and the FP64 reference's copies of
+# them (an estimate from what the paths allocate, not measured; correctness.memory).
+ELEMENT_BYTES = 48
+
+
+def fp8_memory(shape: Fp8LinearShape) -> dict[str, Any]:
+    """A case's estimated peak bytes (Case.memory_bytes, memory_driver): the input, the weight and the
+    output with their gradients."""
+    elements = shape.tokens * (shape.in_features + shape.out_features) + shape.out_features * shape.in_features
+    return {"memory_bytes": ELEMENT_BYTES * elements,
+            "memory_driver": f"tokens {shape.tokens} x features {shape.in_features} in, {shape.out_features} out"}
+
+
 def fp8_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, candidate: Any) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     shapes = fp8_shapes(recipe, model, scale, gpu=None if tier.device == "cpu" else recipe.gpu)
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
-             make_inputs=partial(make_inputs, shape, seed),
+             make_inputs=partial(make_inputs, shape, seed), **fp8_memory(shape),
              recipe_runs="candidate" if shape.recipe_trains_in_fp8 else "default")
         for shape in shapes for seed in SEEDS
     )

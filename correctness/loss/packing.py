@@ -122,14 +122,28 @@ def loss_shape(recipe: Recipe, model: ModelFacts, scale: str) -> LossShape:
     )
 
 
+# Peak bytes per element of the case's largest tensors, all paths together: the FP32 draws, the
+# inputs in their dtype, each path's outputs and gradients, and the FP64 reference's copies of
+# them (an estimate from what the paths allocate, not measured; correctness.memory).
+ELEMENT_BYTES = 48
+
+
+def loss_memory(shape: LossShape) -> dict[str, Any]:
+    """A case's estimated peak bytes (Case.memory_bytes, memory_driver): the logits of every packed
+    token over the rank's vocabulary, with their gradients."""
+    tokens = shape.rows * shape.seq_len
+    return {"memory_bytes": ELEMENT_BYTES * tokens * shape.vocab,
+            "memory_driver": f"row tokens {shape.seq_len} x {shape.rows} rows x vocabulary {shape.vocab} logits"}
+
+
 def loss_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     if qkv_format(recipe) != "thd":
         raise NotApplicable(f"recipe {recipe.id} does not pack rows (its attention runs BSHD, not THD)")
     shape = loss_shape(recipe, model, scale)
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="learned-logits",
-             make_inputs=lambda device, seed=seed: loss_inputs(shape, seed, device))
+             make_inputs=lambda device, seed=seed: loss_inputs(shape, seed, device), **loss_memory(shape))
         for seed in SEEDS
     )
     return Lever(

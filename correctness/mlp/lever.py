@@ -174,14 +174,28 @@ def describe() -> str:
             " activation output and gradients, at the FFN width per TP rank")
 
 
+# Peak bytes per element of the case's largest tensors, all paths together: the FP32 draws, the
+# inputs in their dtype, each path's outputs and gradients, and the FP64 reference's copies of
+# them (an estimate from what the paths allocate, not measured; correctness.memory).
+ELEMENT_BYTES = 48
+
+
+def swiglu_memory(shape: SwigluShape) -> dict[str, Any]:
+    """A case's estimated peak bytes (Case.memory_bytes, memory_driver): fc1's output (both halves) of
+    every token, with its gradient and the activation's output."""
+    tokens = shape.tokens * (shape.batch or 1)
+    return {"memory_bytes": ELEMENT_BYTES * tokens * 2 * shape.ffn_per_rank,
+            "memory_driver": f"tokens {tokens} x 2 x ffn {shape.ffn_per_rank}"}
+
+
 def swiglu_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     cases = []
     for shape in swiglu_shapes(recipe, model, scale):
         for variant, seed, std in VARIANTS:
             sized = SwigluShape(**{**asdict(shape), "input_std": std})
             cases.append(Case(id=f"{sized.id}-seed{seed}", shape=sized, seed=seed, source="synthetic", variant=variant,
-                              make_inputs=partial(make_inputs, sized, seed)))
+                              make_inputs=partial(make_inputs, sized, seed), **swiglu_memory(sized)))
     candidate = MegatronSwiglu(FUSED, fused=True)
     controls = (
         Control(name="gate and linear halves swapped", path=Mutated(

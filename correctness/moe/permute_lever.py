@@ -23,13 +23,14 @@ the routing weights not applied (ones).
 """
 
 from dataclasses import replace
+from typing import Any
 from functools import partial
 
 from correctness import tiers
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Tier
 from correctness.models import facts_for
 from correctness.moe import permutation
-from correctness.moe.shapes import moe_shape
+from correctness.moe.shapes import MoeShape, moe_shape
 from correctness.recipes import Recipe, lever_recipe
 from correctness.rule import Rule
 
@@ -55,13 +56,26 @@ DESCRIPTIONS = {
 }
 
 
+# Peak bytes per element of the case's largest tensors, all paths together: the FP32 draws, the
+# inputs in their dtype, each path's outputs and gradients, and the FP64 reference's copies of
+# them (an estimate from what the paths allocate, not measured; correctness.memory).
+ELEMENT_BYTES = 48
+
+
+def permute_memory(shape: MoeShape) -> dict[str, Any]:
+    """A case's estimated peak bytes (Case.memory_bytes, memory_driver): every token's top-k copies of
+    its expert input, with their gradients."""
+    return {"memory_bytes": ELEMENT_BYTES * shape.tokens * shape.top_k * shape.expert_input,
+            "memory_driver": f"tokens {shape.tokens} x top-k {shape.top_k} x {shape.expert_input}"}
+
+
 def _lever(recipe: Recipe, name: str, judged: tuple[str, ...], *, tier: Tier, scale: str, options: LeverOptions,
            candidate) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     shape = moe_shape(recipe, model, scale, "permute")
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="routed-top-k",
-             make_inputs=partial(permutation.make_permute_inputs, shape, model, seed))
+             make_inputs=partial(permutation.make_permute_inputs, shape, model, seed), **permute_memory(shape))
         for seed in SEEDS
     )
     judged_candidate = permutation.Judged(candidate, judged)

@@ -7,7 +7,7 @@ from correctness.entries import (
     and_list,
     bound_sentence,
     controls_sentence,
-    count,
+    counted,
     determinism_sentence,
     evidence_sentence,
     ratio_range,
@@ -93,7 +93,7 @@ def _shape_sentence(record: LeverRecord) -> str:
         f" {shape['parameters']:,} parameters, {100 * shape['gpu_share']:.1f}% of them on the GPU at fraction"
         f" {shape['fraction']:g} ({_gpu_holdings(shape)}){_per_optimizer(shape)}; {', '.join(sources)},"
         f" synthetic gradients scaled to"
-        f" pre-clip norms {norms} over {count(shape['steps'])} steps"
+        f" pre-clip norms {norms} over {counted(shape['steps'], 'step')}"
     )
 
 
@@ -107,7 +107,7 @@ def entry_text(record: LeverRecord) -> dict[str, str]:
         masters = [r for q in ("master", "update") for r in (quantities[q]["tensor_ratios"] or [])]
         case, worst = worst_tensor(record)
         parts.append(
-            f"after {count(case.shape['steps'])} steps at the recipe's hyperparameters, the GPU partition's FP32"
+            f"after {counted(case.shape['steps'], 'step')} at the recipe's hyperparameters, the GPU partition's FP32"
             f" masters and updates are {ratio_range(masters)} x the default's relative L2 error against FP64 and"
             f" its BF16 weights {ratio_range(quantities['bf16']['tensor_ratios'] or [])} x (worst tensor, the"
             f" {worst.tensor.split(':')[1]} of {_short(worst.tensor.split(':')[0])},"

@@ -123,7 +123,7 @@ def offload_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) ->
     recipe = lever_recipe(recipe_id, options.recipe)
     if recipe.argument("--optimizer-cpu-offload") is None:
         raise NotApplicable(f"recipe {recipe.id} does not offload the optimizer (no --optimizer-cpu-offload)")
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     config = optimizer_config(recipe)
     slices = recipe_slices(recipe, model, scale)
     return OffloadSetting(

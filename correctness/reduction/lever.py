@@ -339,7 +339,7 @@ def reduction_setup(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
         raise NotApplicable(f"recipe {recipe.id} trains in {recipe.precision}: --grad-reduce-in-bf16 is a BF16 training lever")
     if recipe.argument("--ddp-average-in-collective") is not None:
         raise NotApplicable(f"recipe {recipe.id} averages in the collective (ReduceOp.AVG, NCCL only): not modelled")
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     recipe_dp = recipe.positive_int("layout.dp")
     flags = [flag for flag in DISTRIBUTED_OPTIMIZER_FLAGS if recipe.argument(flag) is not None]
     collective = "reduce-scatter" if flags else "all-reduce"

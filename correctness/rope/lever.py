@@ -38,6 +38,7 @@ boundary (one row of all tokens).
 """
 
 from dataclasses import replace
+from typing import Any
 from functools import partial
 
 import torch
@@ -155,13 +156,28 @@ INVARIANTS = (
 )
 
 
+# Peak bytes per element of the case's largest tensors, all paths together: the FP32 draws, the
+# inputs in their dtype, each path's outputs and gradients, and the FP64 reference's copies of
+# them (an estimate from what the paths allocate, not measured; correctness.memory).
+ELEMENT_BYTES = 48
+
+
+def rope_memory(shape: RopeShape) -> dict[str, Any]:
+    """A case's estimated peak bytes (Case.memory_bytes, memory_driver): the query and key heads of
+    every position, with their gradients."""
+    elements = shape.rows * shape.positions * (shape.heads + shape.groups) * shape.head_dim
+    return {"memory_bytes": ELEMENT_BYTES * elements,
+            "memory_driver": f"{shape.rows} rows x positions {shape.positions} x {shape.heads + shape.groups} heads"
+                             f" x head_dim {shape.head_dim}"}
+
+
 def rope_cases(recipe: Recipe, options: LeverOptions, scale: str) -> tuple[Case, ...]:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     cases = []
     for kind in rope_kinds(recipe, model):
         shape = rope_shape(recipe, model, kind, scale)
         cases += [Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="standard-normal",
-                       make_inputs=partial(make_inputs, shape, seed)) for seed in SEEDS]
+                       make_inputs=partial(make_inputs, shape, seed), **rope_memory(shape)) for seed in SEEDS]
     return tuple(cases)
 
 
@@ -171,7 +187,7 @@ def rope_lever(*, recipe: Recipe, tier: Tier, scale: str, candidate: Implementat
     formula = all(isinstance(case.shape, RopeShape) and case.shape.formula_angles for case in cases)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=describe(default),
-        recipe=recipe.ref_for(facts_for(recipe.model, options.model)), cases=cases, candidate=candidate,
+        recipe=recipe.ref_for(facts_for(recipe, options.model)), cases=cases, candidate=candidate,
         default=default, reference=Fp64Rope(), controls=controls(candidate),
         secondary_references=(FormulaRope(),) if formula else (), slicing=SLICING, invariants=INVARIANTS,
         cpu_threads=1,  # elementwise work on tensors of a few million elements: a second thread only contends

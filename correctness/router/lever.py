@@ -131,16 +131,31 @@ def choose(settings: RouterSettings, candidate_dtype: str | None = None) -> tupl
     return MegatronRouter(candidate_dtype, judged_dtype=judged), MegatronRouter(default, judged_dtype=judged)
 
 
+# Peak bytes per element of the case's largest tensors, all paths together: the FP32 draws, the
+# inputs in their dtype, each path's outputs and gradients, and the FP64 reference's copies of
+# them (an estimate from what the paths allocate, not measured; correctness.memory).
+ELEMENT_BYTES = 48
+
+
+def router_memory(shape: RouterShape) -> dict[str, Any]:
+    """A case's estimated peak bytes (Case.memory_bytes, memory_driver): the hidden states, the router's
+    weight and the tokens' logits over the experts, with their gradients."""
+    tokens = shape.seq_len * shape.batch
+    elements = tokens * (shape.hidden + shape.experts) + shape.hidden * shape.experts
+    return {"memory_bytes": ELEMENT_BYTES * elements,
+            "memory_driver": f"tokens {tokens} x hidden {shape.hidden} and {shape.experts} experts"}
+
+
 def router_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions,
                  candidate_dtype: str | None = None) -> Lever:
-    model = facts_for(recipe.model, options.model)
+    model = facts_for(recipe, options.model)
     settings = router_settings(recipe, model)
     candidate, default = choose(settings, candidate_dtype)
     shape = router_shape(recipe, model, settings, scale)
     runs = {candidate.router_dtype: "candidate", default.router_dtype: "default"}.get(settings.router_dtype, "neither")
     cases = tuple(
         Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="model-like",
-             make_inputs=partial(make_inputs, shape, seed), recipe_runs=runs)
+             make_inputs=partial(make_inputs, shape, seed), recipe_runs=runs, **router_memory(shape))
         for seed in SEEDS
     )
     names = {None: "BF16", "fp32": "FP32", "fp64": "FP64"}
