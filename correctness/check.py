@@ -1,5 +1,7 @@
 """One verdict for a recipe: its configuration against its reference, the component tests its
-numerics changes need (attached, run on the recipe's GPU, passing), and its convergence block."""
+numerics changes need (attached, run on the recipe's GPU, passing), and its convergence block.
+Results from the CPU tiers and from a GPU standing in for the recipe's (an H200 for an H100:
+correctness.tiers.StandIn) are shown beside each, as CPU and stand-in evidence, never counted."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,17 +10,19 @@ from typing import Any
 from correctness.classify import (
     MEGATRON_DEFAULTS,
     Classification,
+    Rules,
     component_test_results,
     default_rules,
     reference_path,
 )
-from correctness.entries import format_limited_sentence
+from correctness.entries import format_limited_sentence, stand_in_label
 from correctness.errors import RecipeError
 from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
 from correctness.recipe_verdict import recipe_changes
 from correctness.recipes import Recipe, load_recipe, validate_recipe
-from correctness.results import FAIL, FORMAT_LIMITED, INCOMPLETE, PASS
+from correctness.results import FAIL, FORMAT_LIMITED, INCOMPLETE, PASS, weakest
+from correctness.tiers import StandIn
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,9 @@ class Finding:
     lever: str | None = None  # a component test's lever
     result: str | None = None  # its result attached from the recipe's GPU (what the verdict counts)
     cpu_result: str | None = None  # its result attached from the CPU tiers: CPU evidence, shown as such
+    # its result attached from another GPU of the recipe GPU's architecture (an H200 for an H100):
+    # stand-in evidence, shown as such, never counted as the recipe GPU's own
+    stand_in_result: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,28 @@ def _convergence(recipe: Recipe) -> Finding:
     return Finding("convergence", status, f"{result}: {figures}")
 
 
+def stand_in_results(recipe: Recipe, rules: Rules) -> dict[str, tuple[str, StandIn]]:
+    """Lever -> (result, stand-in) of the recipe's entries run on a stand-in for its GPU (their gpu
+    "H200 (standing in for H100)", correctness.entries.gpu_label), the weakest where several; an
+    entry names its lever by its `lever:` key or its test title, as correctness.classify reads them."""
+    found: dict[str, list[tuple[str, StandIn]]] = {}
+    entries = recipe.field("correctness.component_tests")
+    for entry in entries if isinstance(entries, list) else ():
+        stand_in = stand_in_label(entry.get("gpu")) if isinstance(entry, dict) else None
+        if stand_in is None or stand_in.recipe != recipe.gpu:
+            continue
+        title = entry.get("test")
+        levers = [str(entry["lever"])] if entry.get("lever") is not None else [
+            name for name, lever in rules.levers.items() if isinstance(title, str) and lever.matches(title)]
+        for lever in levers:
+            found.setdefault(lever, []).append((str(entry.get("result")), stand_in))
+    results = {}
+    for lever, pairs in found.items():
+        worst = weakest([result for result, _ in pairs])
+        results[lever] = next(pair for pair in pairs if pair[0] == worst)
+    return results
+
+
 def check_recipe(path: str | Path, reference: str | Path | None = None,
                  model_config: str | Path | None = None) -> RecipeCheck:
     """The recipe's verdict. A recipe whose model has no model facts (the suite's own, or those of
@@ -97,19 +126,24 @@ def check_recipe(path: str | Path, reference: str | Path | None = None,
                                 counted)
     findings = [configuration]
     cpu_results = component_test_results(recipe, default_rules(), on_cpu=True)
+    stand_ins = stand_in_results(recipe, default_rules())
     for change in classification.changes:
         for lever in change.levers:
             result, cpu = change.result_of(lever), cpu_results.get(lever)
+            stand_in_result, stand_in = stand_ins.get(lever, (None, None))
             status = PASS if change.covers(result) else FAIL if result == FAIL else INCOMPLETE
             detail = f"{change.text}: " + (f"result {result} on {recipe.gpu}" if result
                                                    else f"no {recipe.gpu} result attached")
             if result == FORMAT_LIMITED:
                 detail += (f" ({format_limited_sentence('its format')}: the convergence block"
                            f" {'passes' if change.convergence_passes else 'does not pass'})")
+            if stand_in_result:
+                detail += (f"; stand-in evidence ({stand_in.sentence()}, not the {recipe.gpu}'s own):"
+                           f" {stand_in_result}")
             if cpu:
                 detail += f"; CPU evidence: {cpu}"
             findings.append(Finding(f"component test {lever}", status, detail, lever=lever, result=result,
-                                    cpu_result=cpu))
+                                    cpu_result=cpu, stand_in_result=stand_in_result))
     findings.append(_convergence(recipe))
     return RecipeCheck(
         recipe=recipe.id,

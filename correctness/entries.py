@@ -6,12 +6,14 @@ any other lever gets the generic sentences here, built from the same figures of 
 """
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from correctness.compare import TensorComparison
 from correctness.provenance import gpu_type
 from correctness.results import FAIL, FORMAT_LIMITED, SKIP, CaseResult, LeverRecord, over_bound
+from correctness.tiers import StandIn
 
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 
@@ -171,13 +173,30 @@ def format_sentence(record: LeverRecord) -> str:
 CPU_LABEL = "CPU"  # an entry's gpu for a CPU tier's record (correctness.classify reads it as CPU evidence)
 
 
+def stand_in_of(record: LeverRecord) -> StandIn | None:
+    """The GPU that stood in for the recipe's GPU in the record's run (its provenance's
+    `stand_in`), where one did."""
+    found = record.provenance.get("stand_in")
+    return StandIn(present=found["present"], recipe=found["recipe"]) if isinstance(found, dict) else None
+
+
+def stand_in_label(gpu: object) -> StandIn | None:
+    """The stand-in an entry's gpu names ("H200 (standing in for H100)", as gpu_label writes it)."""
+    found = re.fullmatch(r"(\S+) \(standing in for (\S+)\)", gpu) if isinstance(gpu, str) else None
+    return StandIn(present=found.group(1), recipe=found.group(2)) if found else None
+
+
 def gpu_label(record: LeverRecord) -> str:
     """The entry's gpu: the recipe GPU's model, or `CPU`, or `CPU (<tier>)` for a CPU tier other than
-    the plain one, so that two CPU tiers of one lever are two entries."""
+    the plain one, so that two CPU tiers of one lever are two entries; for a stand-in's run, `H200
+    (standing in for H100)`, never the recipe GPU's name alone (correctness.check shows it as stand-in)."""
     device = record.provenance["device"]
     if device["type"] != "cuda":
         tier = record.lever["tier"]
         return CPU_LABEL if tier == "cpu" else f"{CPU_LABEL} ({tier})"
+    stand_in = stand_in_of(record)
+    if stand_in is not None:
+        return stand_in.label()
     return gpu_type(device.get("name")) or device.get("name") or "unknown GPU"
 
 
@@ -189,10 +208,12 @@ def where_sentence(record: LeverRecord) -> str:
     scales = sorted({case.shape.get("scale") for case in record.cases} - {None})
     scale = f" at the {' and '.join(scales)} scale" if scales else ""
     tier_text = "the CPU tier" if tier == "cpu" else f"the {tier} tier"
+    stand_in = stand_in_of(record)
     return (
         f"run on {tier_text}{scale} ({device.get('name')}, torch {provenance['torch']}"
         + (f", {packages}" if packages else "")
         + f"), record {record.lever['record_id']}"
+        + (f"; {stand_in.sentence()}" if stand_in is not None else "")
     )
 
 

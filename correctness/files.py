@@ -99,7 +99,8 @@ def temporary_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.{os.getpid()}.tmp")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid runs on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -131,7 +132,7 @@ def stray_temporaries(target: Path, now: float | None = None) -> list[Path]:
             age = now - path.lstat().st_mtime
         except OSError:
             continue
-        if age > TEMPORARY_STALE or (age > TEMPORARY_GRACE and not _pid_alive(int(match.group(1)))):
+        if age > TEMPORARY_STALE or (age > TEMPORARY_GRACE and not pid_alive(int(match.group(1)))):
             stray.append(path)
     return stray
 

@@ -11,7 +11,12 @@ that is not repeatable fails the rule, as a control must). Streamed inputs run u
 one unit's outputs are alive at a time.
 
 A refusal (PathUnavailable) skips the case; any other exception, from making the inputs, a path
-or a comparison, fails it with the exception's message: a verdict is evidence or nothing.
+or a comparison, fails it with the exception's message: a verdict is evidence or nothing. cuDNN's
+own refusal of a graph ("no execution plan", "not supported": `cudnn_refusal`) is a refusal too,
+whichever path meets it. A CUDA error that leaves the device in an error state (a sticky error: an
+illegal memory access, a device-side assert: `sticky_cuda_error`) fails the case at once, every
+candidate with it, and `device_fault` tells the caller (the pytest plugin) that the device can run
+nothing more in this process.
 """
 
 import contextlib
@@ -42,6 +47,7 @@ from correctness.results import (
     PathRun,
     assess,
 )
+from correctness.tiers import GPU_MARKERS
 
 
 def _synchronize(device: torch.device) -> None:
@@ -49,8 +55,66 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# CUDA's sticky errors, as cudaGetErrorString words them (torch: "CUDA error: <that>"): after one the
+# CUDA context is unusable and every later call in the process returns it (CUDA Runtime API,
+# cudaError_t: cudaErrorIllegalAddress, Assert, LaunchFailure, IllegalInstruction, MisalignedAddress,
+# InvalidAddressSpace, InvalidPc, HardwareStackError, LaunchTimeout, ECCUncorrectable).
+STICKY_CUDA_ERRORS = (
+    "an illegal memory access was encountered",
+    "device-side assert triggered",
+    "unspecified launch failure",
+    "an illegal instruction was encountered",
+    "misaligned address",
+    "operation not supported on global/shared address space",
+    "invalid program counter",
+    "hardware stack error",
+    "the launch timed out and was terminated",
+    "uncorrectable ECC error encountered",
+)
+# cuDNN refusing a graph, as torch raises it: AT_CUDNN_FRONTEND_CHECK (aten/src/ATen/cuda/Exceptions.h)
+# words a frontend error "cuDNN Frontend error: <the frontend's message>", e.g. "[cudnn_frontend]
+# Error: No execution plans support the graph."; the legacy API's AT_CUDNN_CHECK "cuDNN error:
+# CUDNN_STATUS_NOT_SUPPORTED". An execution failure (CUDNN_STATUS_EXECUTION_FAILED) is no refusal.
+CUDNN_ERRORS = ("cudnn frontend error", "cudnn error", "cudnn_frontend")
+CUDNN_REFUSALS = ("no execution plan", "no valid execution plan", "not supported", "cudnn_status_not_supported")
+
+
+def sticky_cuda_error(text: str) -> bool:
+    """Whether an error's message is one of CUDA's sticky errors (STICKY_CUDA_ERRORS)."""
+    return any(sticky in text for sticky in STICKY_CUDA_ERRORS)
+
+
+def cudnn_refusal(error: BaseException) -> bool:
+    """Whether an exception is cuDNN refusing the graph it was given (CUDNN_REFUSALS)."""
+    text = str(error).lower()
+    return (isinstance(error, RuntimeError) and not isinstance(error, torch.OutOfMemoryError)
+            and any(prefix in text for prefix in CUDNN_ERRORS) and any(refusal in text for refusal in CUDNN_REFUSALS)
+            and not sticky_cuda_error(str(error)))
+
+
+def device_error_state(device: torch.device) -> str | None:
+    """Why a CUDA device can run nothing more (a sticky error returned by a synchronisation), in one
+    line; None where it synchronises, or is no CUDA device."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as error:  # noqa: BLE001 - whatever it raises, the device is not usable
+        return f"{type(error).__name__}: {_first_line(error)}"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 class _PathError(Exception):
     """A path raised something other than a refusal: the case fails with this message."""
+
+
+class _DeviceFault(_PathError):
+    """A path left the CUDA device in an error state: the case fails, and no other candidate runs."""
 
 
 @dataclass
@@ -74,7 +138,11 @@ class _Runs:
         except PathUnavailable:
             raise
         except Exception as error:
-            raise _PathError(f"{self.role} ({self.path.name}) raised {type(error).__name__}: {error}") from error
+            if cudnn_refusal(error):
+                raise PathUnavailable(f"{self.role} ({self.path.name}): cuDNN refuses the case: {_first_line(error)}"
+                                      ) from error
+            fault = _DeviceFault if sticky_cuda_error(str(error)) else _PathError
+            raise fault(f"{self.role} ({self.path.name}) raised {type(error).__name__}: {error}") from error
         self.seconds += time.perf_counter() - start
         self.backends[output.backend] = None
         for key, value in output.details.items():
@@ -115,6 +183,22 @@ def _identity(case: Case) -> dict[str, Any]:
         "expected_backend": case.expected_backend,
         "recipe_runs": case.recipe_runs,
     }
+
+
+def not_run(case: Case, reason: str) -> CaseResult:
+    """A case skipped before anything of it ran, with the reason (the device can run nothing more)."""
+    return _not_judged(case, time.perf_counter(), skip_reason=reason)
+
+
+def device_fault(lever: Lever, result: CaseResult) -> str | None:
+    """Where a failed case of a CUDA tier left its device in an error state, why (its sticky error,
+    or what a synchronisation of the device now raises), in one line; else None."""
+    if result.status != FAIL or lever.tier.device != "cuda":
+        return None
+    sticky = next((failure for failure in result.failures if sticky_cuda_error(failure)), None)
+    if sticky is not None:
+        return sticky.splitlines()[0]
+    return device_error_state(torch.device(lever.tier.device))
 
 
 def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, error: str | None = None) -> CaseResult:
@@ -415,7 +499,7 @@ def _run_candidates(
                     except PathUnavailable as unavailable:
                         candidate.skip_reason = str(unavailable)
                     except _PathError as path_error:
-                        if not several:
+                        if not several or isinstance(path_error, _DeviceFault):
                             raise
                         candidate.error = str(path_error)
             if not firsts:
@@ -439,7 +523,7 @@ def _run_candidates(
                     try:
                         second = candidate.repeat.runs.run(unit)
                     except _PathError as path_error:
-                        if not several:
+                        if not several or isinstance(path_error, _DeviceFault):
                             raise
                         candidate.error = str(path_error)
                         continue
@@ -453,7 +537,7 @@ def _run_candidates(
                         for again in range(2, lever.rule.runs):
                             candidate.spread.add(again, first.tensors, candidate.repeat.runs.run(unit).tensors)
                     except _PathError as path_error:
-                        if not several:
+                        if not several or isinstance(path_error, _DeviceFault):
                             raise
                         candidate.error = str(path_error)
                         continue
@@ -625,7 +709,7 @@ def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, second
         verdict=verdict,
         completeness=completeness,
         cases=cases,
-        provenance=provenance(torch.device(lever.tier.device)),
+        provenance=provenance(torch.device(lever.tier.device), recipe_gpu=GPU_MARKERS.get(lever.tier.name)),
         started=started,
         finished=_now(),
         seconds=seconds,

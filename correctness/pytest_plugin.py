@@ -27,6 +27,10 @@ signal (130, 143) in place of pytest's 2. A lever run the session did not finish
 selected has no result) is marked `interrupted`, and correctness.record_store keeps such a record,
 or one that decided fewer cases, beside the lever's record, never in its place. The rank server a
 session started (or any, where a signal stopped it) is ended at unconfigure.
+
+A session killed outright (SIGKILL, a time limit) keeps its finished cases too: each case's result
+is appended to a case log as the case finishes, and the next session on the same results folder
+starts by turning such logs into records marked interrupted (correctness.record_store).
 """
 
 import datetime
@@ -35,6 +39,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,15 +50,18 @@ import torch
 from correctness.distributed import InterruptionWatch, catch_stop_signals, rank_server_pid, stop_rank_server
 from correctness.errors import CorrectnessError
 from correctness.files import shown_path
-from correctness.harness import build_record, run_case
+from correctness.harness import build_record, device_fault, not_run, run_case
 from correctness.lever import Case, Lever, LeverOptions, NotApplicable
 from correctness.models import load_facts
 from correctness.provenance import gpu_type
 from correctness.report import case_report, fit_lines, verdict_table
 from correctness.recipes import load_recipe
-from correctness.record_store import store_record, why_beside
-from correctness.results import CaseResult, LeverRecord, merge_records, read_record, record_to_json, write_record
-from correctness.tiers import GPU_MARKERS, cuda_only_markers
+from correctness.record_store import (append_cases, case_log_path, recover_case_logs, remove_case_logs,
+                                      start_case_log, store_record, why_beside)
+from correctness.results import (CaseResult, LeverRecord, case_to_json, file_name, merge_records, read_record,
+                                 record_to_json, write_record)
+from correctness.tiers import (GPU_MARKERS, STAND_IN_OPTION, StandIn, cuda_only_markers, stand_in_between,
+                               stand_in_option)
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
@@ -109,6 +117,11 @@ def pytest_addoption(parser):
         default=None,
         metavar="NAMES",
         help="run only these levers' component tests (comma-separated lever names, as `correctness levers` lists them)",
+    )
+    group.addoption(
+        STAND_IN_OPTION, default=None, type=stand_in_option, metavar="PRESENT=RECIPE",
+        help="let this GPU run a recipe GPU's tiers in its place, one of its architecture (h200=h100: an H200"
+        " runs the H100 tiers); its records say so, and `correctness check` counts them as stand-in only",
     )
     group.addoption(
         "--model-checkpoint",
@@ -274,17 +287,32 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
+def _stand_in(item) -> StandIn | None:
+    """The stand-in --gpu-stand-in names (parsed by its option's type), where given."""
+    config = getattr(item, "config", None)
+    return config.getoption("gpu_stand_in", None) if config is not None else None
+
+
 def _missing_hardware(item) -> str | None:
+    """Why the machine lacks what the item's markers name; None where it has it. A recipe GPU's
+    marker is met by that GPU, or by the stand-in --gpu-stand-in names (h200=h100: an H200 runs the
+    H100 tiers; its records say so)."""
     names = {marker.name for marker in item.iter_markers()}
     needs_gpu = names & set(cuda_only_markers())
     if needs_gpu and not torch.cuda.is_available():
         for_te = " for Transformer Engine" if "te" in needs_gpu else ""
         return f"needs a CUDA GPU ({', '.join(sorted(needs_gpu))}){for_te}; this machine has none"
+    stand_in = _stand_in(item)
     for marker, model in GPU_MARKERS.items():
         if marker in names:
             found = torch.cuda.get_device_name()
-            if gpu_type(found) != model:
-                return f"needs an NVIDIA {model} (the recipe's GPU); found {found}"
+            present = gpu_type(found)
+            if present == model or (stand_in is not None and (stand_in.present, stand_in.recipe) == (present, model)):
+                continue
+            could = stand_in_between(present, model)
+            hint = f" ({STAND_IN_OPTION} {present.lower()}={model.lower()} runs it here: both {could.architecture})" \
+                if could is not None and stand_in is None else ""
+            return f"needs an NVIDIA {model} (the recipe's GPU); found {found}{hint}"
     if "te" in names:
         try:
             import transformer_engine.pytorch  # noqa: F401
@@ -339,7 +367,11 @@ _WRITTEN = pytest.StashKey[list]()
 _RUN_TOKEN = pytest.StashKey[str]()
 _SKIPS = pytest.StashKey[dict]()  # lever -> why its tests skipped
 _STOP = pytest.StashKey[_Stop]()
+_DEVICE_FAULTS = pytest.StashKey[dict]()  # test module -> the case that left the CUDA device in an error state, and how
+NOT_RUN_AFTER_FAULT = "not run: an earlier case left the CUDA device in an error state"
 _VERDICTS = pytest.StashKey[tuple]()  # (recipe verdicts, example recipe ids without one, or the error)
+_CASE_LOGS = pytest.StashKey[dict]()  # run key -> (its case log, or None where it cannot be written; cases in it)
+_RECOVERED = pytest.StashKey[list]()  # records this session made from earlier sessions' case logs
 PARTS = ".parts"  # below the results folder: records in pieces, one per xdist worker
 
 
@@ -349,12 +381,18 @@ def lever_check(request):
     with the full report (or skip with the reason) as the case decides. A format-limited case (its
     candidate fails the rule only as its narrower format must) passes; its record says so."""
     runs = request.config.stash[_RUNS]
+    faults = request.config.stash.setdefault(_DEVICE_FAULTS, {})
+    module = str(request.node.path)
 
     def check(lever: Lever, case: Case) -> CaseResult:
         run = runs.setdefault(
             _run_key(lever.recipe.id, lever.record_id),
             _LeverRun(lever=lever, started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
         )
+        if lever.tier.device == "cuda" and module in faults:  # the device can run nothing more: not a failure
+            result = not_run(case, f"{NOT_RUN_AFTER_FAULT}: {faults[module]}")
+            run.cases.append(result)
+            pytest.skip(result.skip_reason)
         clock = time.perf_counter()
         result = run_case(lever, case, strict_systematic=request.config.getoption("strict_systematic"))
         run.seconds += time.perf_counter() - clock
@@ -362,7 +400,12 @@ def lever_check(request):
         if result.status == "skip":
             pytest.skip(result.skip_reason)
         if result.status == "fail":
-            pytest.fail(case_report(lever.name, result), pytrace=False)
+            fault = device_fault(lever, result)
+            if fault is not None:
+                faults[module] = f"case {case.id}: {fault}"
+            after = f"\nthe CUDA device is now in an error state ({fault}): the rest of this module is not run" \
+                if fault is not None else ""
+            pytest.fail(case_report(lever.name, result) + after, pytrace=False)
         return result
 
     return check
@@ -376,6 +419,48 @@ def _run_key(recipe_id: str, record_id: str) -> str:
 def _results_dir(config) -> Path:
     given = config.getoption("results_dir")
     return Path(given) if given else Path(config.rootpath) / "results"
+
+
+def pytest_sessionstart(session):
+    """Records of earlier sessions on this results folder that were killed before their end, made
+    from their case logs (an xdist worker leaves that to the controller)."""
+    config = session.config
+    if getattr(config, "workerinput", None) is not None:
+        return
+    try:
+        config.stash[_RECOVERED] = recover_case_logs(_results_dir(config))
+    except CorrectnessError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def pytest_runtest_teardown(item):
+    """Each lever run's cases finished since the last test, appended to its case log."""
+    config = item.config
+    logs = config.stash.setdefault(_CASE_LOGS, {})
+    for key, run in config.stash.get(_RUNS, {}).items():
+        path, logged = logs.get(key, (_NOT_STARTED, 0))
+        if len(run.cases) > logged and path is not None:
+            logs[key] = (_log_cases(config, run, path, run.cases[logged:]), len(run.cases))
+
+
+_NOT_STARTED = Path()  # a run whose case log is not begun yet
+
+
+def _log_cases(config, run: _LeverRun, path: Path, cases: list[CaseResult]) -> Path | None:
+    """Append cases to the run's case log, beginning it where needed; its path, or None where it
+    cannot be written (said once, as a warning: the record at the session's end still holds them)."""
+    try:
+        if path == _NOT_STARTED:
+            header = record_to_json(build_record(run.lever, [], run.started, 0.0))
+            worker = getattr(config, "workerinput", None)
+            path = case_log_path(header, _results_dir(config), config.stash[_RUN_TOKEN],
+                                 worker["workerid"] if worker else "main")
+            start_case_log(path, header)
+        append_cases(path, [case_to_json(case) for case in cases])
+    except CorrectnessError as error:
+        warnings.warn(pytest.PytestWarning(f"{error}: a session killed before its end loses these cases"))
+        return None
+    return path
 
 
 def pytest_sessionfinish(session):
@@ -397,7 +482,7 @@ def pytest_sessionfinish(session):
         data = record_to_json(replace(record, interrupted=cut_short))
         if worker:
             digest = hashlib.sha256(run.lever.recipe.id.encode()).hexdigest()[:12]
-            write_record(data, results, parts / f"{run.lever.record_id}.{digest}.{worker['workerid']}.json")
+            write_record(data, results, parts / f"{file_name(run.lever.record_id)}.{digest}.{worker['workerid']}.json")
         else:
             pieces.setdefault(key, []).append(data)
     if worker:
@@ -414,6 +499,7 @@ def pytest_sessionfinish(session):
             interrupted and _cut_short(selected.get(key), (case["case_id"] for case in record["cases"])))
         written.append((record, store_record(record, results)))
     config.stash[_WRITTEN] = written
+    remove_case_logs(results, config.stash[_RUN_TOKEN])
     if stop.exit_status is not None:
         session.exitstatus = stop.exit_status
     try:
@@ -500,6 +586,12 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.write_line(line)
     if error is not None:
         terminalreporter.write_line(f"no recipe verdict: {error}")
+    recovered = config.stash.get(_RECOVERED, [])
+    if recovered:
+        terminalreporter.section("records of killed sessions")
+        for path in recovered:
+            terminalreporter.write_line(f"  made from the case logs of a session killed before its end: {Path(path).name}")
+            terminalreporter.write_line(f"    in {shown_path(Path(path).parent)}")
     written = config.stash.get(_WRITTEN, [])
     if not written:
         return

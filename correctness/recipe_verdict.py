@@ -154,6 +154,13 @@ def for_the_recipe(record: LeverRecord) -> str:
     return assess(statuses, declared, set(record.lever["optional_cases"]))[0]
 
 
+def tier_label(lever: Mapping[str, Any], provenance: Mapping[str, Any]) -> str:
+    """A record's tier (from its `lever` and `provenance`) as the verdict shows it: `h100 (H200
+    standing in)` for a stand-in's run, evidence from the same architecture, never the recipe GPU's own."""
+    stand_in = provenance.get("stand_in")
+    return lever["tier"] if not isinstance(stand_in, Mapping) else f"{lever['tier']} ({stand_in['present']} standing in)"
+
+
 def _evidence(lever: str, flags: tuple[str, ...], records: list[LeverRecord], reasons: Collection[str]) -> LeverEvidence:
     """A needed lever's records (`flags`: the changes that need it), each judged for the recipe
     (for_the_recipe); a catalogue lever's (no flags), each as its own verdict: evidence about its flag."""
@@ -162,7 +169,7 @@ def _evidence(lever: str, flags: tuple[str, ...], records: list[LeverRecord], re
                if verdict == FORMAT_LIMITED and record.lever.get("format_floor")]
     return LeverEvidence(
         lever=lever, flags=flags,
-        tiers=tuple((record.lever["tier"], verdict) for record, verdict in zip(records, verdicts)),
+        tiers=tuple((tier_label(record.lever, record.provenance), verdict) for record, verdict in zip(records, verdicts)),
         runs_default=bool(flags) and any(case.recipe_runs == "default" for record in records for case in record.cases),
         device=tuple(dict.fromkeys(record.provenance["device"]["type"] for record in records)),
         format=formats[0] if formats else None,

@@ -20,17 +20,35 @@ where it went. A later record of the same kind beside replaces the one there.
 
 A file in the record's place that this suite cannot read as a record (another format version, a
 broken file) holds no evidence it could keep: a record that is not interrupted replaces it.
+
+A session also appends each case's result as it finishes, to a case log in `.cases/` beside the
+record's place (`<record name>.<session>.<process>.<pid>.jsonl`: a line with the record without
+cases, then one line per case), and removes the log once the record is written. A session killed
+before its end (SIGKILL, a time limit) leaves its logs: recover_case_logs turns them into a record
+marked interrupted, kept in `.interrupted/` as above, so that every case finished before the kill
+is kept. The pytest plugin does so as a session starts, and scripts/gpu-check before it packs the
+records.
 """
 
-from collections.abc import Mapping
+import contextlib
+import datetime
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from correctness.errors import CorrectnessError
-from correctness.results import SKIP, LeverRecord, read_record, record_path, record_to_json, write_record
+from correctness.files import pid_alive
+from correctness.results import (SKIP, LeverRecord, merge_records, read_record, record_path, record_to_json,
+                                 write_record)
 
 INTERRUPTED_FOLDER = ".interrupted"
 PARTIAL_FOLDER = ".partial"
+CASES_FOLDER = ".cases"
+CASE_LOG = re.compile(r"(?P<record>.+)\.(?P<session>[0-9a-f]+)\.(?P<process>[A-Za-z0-9]+)\.(?P<pid>[0-9]+)\.jsonl")
 WHY_BESIDE = {
     INTERRUPTED_FOLDER: "interrupted before every case it selected had run: kept beside the lever's record",
     PARTIAL_FOLDER: "fewer cases decided than the record held: kept beside it, not in its place",
@@ -75,3 +93,114 @@ def decided_cases_held(place: Path) -> set[str] | None:
         return decided_cases(read_record(place))
     except CorrectnessError:
         return None
+
+
+def case_log_path(header: Mapping[str, Any], results_dir: Path, session: str, process: str) -> Path:
+    """Where this process appends the cases of the lever run `header` (a record's JSON form) as they
+    finish: `.cases/` beside the record's place; `session` is the session's token (hex digits, shared
+    by its xdist workers), `process` names the writer ("main", or an xdist worker's id)."""
+    place = record_path(header, results_dir)
+    return place.parent / CASES_FOLDER / f"{place.stem}.{session}.{process}.{os.getpid()}.jsonl"
+
+
+def start_case_log(path: Path, header: Mapping[str, Any]) -> None:
+    """Begin a case log with its record's header (the record without cases)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _append_lines(path, [{"record": {**header, "cases": []}}])
+
+
+def append_cases(path: Path, cases: Iterable[Mapping[str, Any]]) -> None:
+    """Append finished cases (each in a record's JSON form) to a case log, a line each."""
+    _append_lines(path, [{"case": case} for case in cases])
+
+
+def _append_lines(path: Path, lines: list[dict[str, Any]]) -> None:
+    text = "".join(json.dumps(line, allow_nan=False) + "\n" for line in lines)
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(text)
+    except OSError as error:
+        raise CorrectnessError(f"case log {path}: cannot be written ({error.strerror or error})") from None
+
+
+@dataclass(frozen=True)
+class CaseLog:
+    """One case log, as its name and lines give it."""
+
+    path: Path
+    record: str  # the record's file name, without .json
+    session: str
+    pid: int
+
+    @property
+    def group(self) -> tuple[Path, str, str]:
+        """The logs of one lever run of one session (one per xdist worker) share this."""
+        return self.path.parent, self.record, self.session
+
+
+def case_logs(results_dir: Path) -> list[CaseLog]:
+    """Every case log under results_dir."""
+    found = []
+    for path in sorted(Path(results_dir).rglob("*.jsonl")):
+        named = CASE_LOG.fullmatch(path.name)
+        if path.parent.name == CASES_FOLDER and named:
+            found.append(CaseLog(path=path, record=named["record"], session=named["session"], pid=int(named["pid"])))
+    return found
+
+
+def read_case_log(path: Path) -> dict[str, Any] | None:
+    """A case log as one part of a record (its header with the cases that follow it, marked
+    interrupted, finished when the log was last written); None where it holds no case. A line cut
+    short by the kill (the last) is passed over."""
+    header, cases = None, []
+    with open(path, encoding="utf-8", errors="replace") as log:
+        for line in log:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("record"), dict) and header is None:
+                header = entry["record"]
+            elif isinstance(entry, dict) and isinstance(entry.get("case"), dict) and header is not None:
+                cases.append(entry["case"])
+    if header is None or not cases:
+        return None
+    finished = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+    return {**header, "cases": cases, "interrupted": True, "finished": finished.isoformat(timespec="seconds"),
+            "seconds": sum(case.get("seconds") or 0.0 for case in cases)}
+
+
+def recover_case_logs(results_dir: Path) -> list[Path]:
+    """Turn the case logs under results_dir that no live process writes (a session killed before its
+    end) into records marked interrupted, stored where store_record puts them (`.interrupted/`), and
+    remove those logs; return the records written. A log whose every line is unreadable holds no
+    case, and is removed; one whose lines are not a record's parts is left alone."""
+    groups: dict[tuple[Path, str, str], list[CaseLog]] = {}
+    for log in case_logs(results_dir):
+        groups.setdefault(log.group, []).append(log)
+    written = []
+    for logs in groups.values():
+        if any(pid_alive(log.pid) for log in logs):
+            continue
+        parts = [part for log in logs if (part := read_case_log(log.path)) is not None]
+        try:
+            record = merge_records(parts) if parts else None
+        except (KeyError, TypeError, ValueError):
+            continue  # not a log this suite wrote: left as it is
+        if record is not None:
+            written.append(store_record({**record, "interrupted": True}, results_dir))
+        _remove(log.path for log in logs)
+    return written
+
+
+def remove_case_logs(results_dir: Path, session: str) -> None:
+    """Remove a session's case logs (its records are written), and `.cases/` folders left empty."""
+    _remove(log.path for log in case_logs(results_dir) if log.session == session)
+
+
+def _remove(paths: Iterable[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with contextlib.suppress(OSError):  # not empty: another run's logs are there
+            path.parent.rmdir()

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Collection, Mapping, Sequence
@@ -369,6 +370,12 @@ def record_to_json(record: LeverRecord) -> dict[str, Any]:
     return {"format": FORMAT, "format_version": FORMAT_VERSION, **_jsonable(record)}
 
 
+def case_to_json(case: CaseResult) -> dict[str, Any]:
+    """One case's result in a record's JSON form (an element of its `cases`), for writing each case
+    as it finishes (correctness.record_store.CaseLog)."""
+    return _jsonable(case)
+
+
 FOLDER_HASH = 8  # hex digits of the recipe location's sha256 in its records' folder name
 
 
@@ -401,12 +408,30 @@ def records_folder(recipe: Mapping[str, Any], results_dir: Path) -> Path:
     return Path(results_dir).joinpath(*parents, last + folder_suffix(recipe.get("path")))
 
 
+NAME_HASH = 8  # hex digits of a label's sha256 in a file name made from it
+_NOT_IN_A_FILE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def file_name(label: str) -> str:
+    """A file name (without its extension) of letters, digits, `.`, `_` and `-` alone for a label:
+    the label itself where it is one; else the label with each run of other characters as `_`, and
+    a short hash of the whole label, so that two labels never share a name (the GPU machine returns
+    only files so named, and a shell quotes no such name)."""
+    if not _NOT_IN_A_FILE_NAME.search(label):
+        return label
+    readable = _NOT_IN_A_FILE_NAME.sub("_", label).strip("_") or "_"
+    return f"{readable}.{hashlib.sha256(label.encode()).hexdigest()[:NAME_HASH]}"
+
+
 def record_path(data: Mapping[str, Any], results_dir: Path) -> Path:
-    """records_folder/<record id>.json, refused where the record id would lead outside it."""
+    """records_folder/<file name of the record id>.json (file_name: `deterministic-mode--gpu--sdpa-
+    efficient (deterministic mode)` is `deterministic-mode--gpu--sdpa-efficient_deterministic_mode.
+    <hash>.json`; the record holds its readable id), refused where the record id would lead outside
+    the folder."""
     record_id = data["lever"]["record_id"]
     if folder_parts(record_id, several=False) is None:
         raise CorrectnessError(f"record id {record_id!r} would place a record outside the results folder {results_dir}")
-    return records_folder(data["recipe"], results_dir) / f"{record_id}.json"
+    return records_folder(data["recipe"], results_dir) / f"{file_name(record_id)}.json"
 
 
 def write_record(record: LeverRecord | Mapping[str, Any], results_dir: Path, target: Path | None = None) -> Path:

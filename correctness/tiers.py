@@ -5,11 +5,26 @@ machine lacks what a marker names; `correctness run` builds its marker expressio
 They live in a module of their own because `correctness run` needs them before it starts pytest:
 importing them from correctness.pytest_plugin would import the plugin before pytest can register it
 for assertion rewriting, and pytest would then warn (PytestAssertRewriteWarning) on every run.
+
+Also here: which GPU may stand in for a recipe's GPU (`--gpu-stand-in h200=h100`: one of its
+architecture, StandIn), and the one line that refuses a GPU run where torch sees no GPU
+(no_visible_gpu, require_visible_gpu).
 """
 
+import argparse
+import os
+from dataclasses import dataclass
+
+import torch
+
+from correctness.errors import CorrectnessError
 from correctness.lever import NotApplicable, Tier
 
 GPU_MARKERS = {"h100": "H100", "h200": "H200"}  # marker -> the GPU type it needs (provenance.gpu_type)
+# Each GPU type's architecture (compute capability): a GPU may stand in for another of the same one.
+ARCHITECTURES = {"H100": "sm90", "H200": "sm90", "GH200": "sm90", "B200": "sm100", "GB200": "sm100",
+                 "B300": "sm103", "GB300": "sm103", "A100": "sm80", "L40S": "sm89"}
+STAND_IN_OPTION = "--gpu-stand-in"
 
 CPU = Tier(name="cpu", device="cpu")
 GPU = Tier(name="gpu", device="cuda", markers=("gpu",))  # any CUDA GPU, without Transformer Engine
@@ -36,3 +51,87 @@ def cuda_only_markers() -> tuple[str, ...]:
     on_cpu = {marker for tier in TIERS if tier.device == "cpu" for marker in tier.markers}
     on_cuda = (marker for tier in TIERS if tier.device == "cuda" for marker in tier.markers)
     return tuple(dict.fromkeys(marker for marker in on_cuda if marker not in on_cpu))
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A GPU that runs a recipe GPU's tiers in its place (`--gpu-stand-in h200=h100`): the same
+    architecture, so the same kernels are chosen; its results are evidence about that architecture's
+    kernels, never the recipe GPU's own (correctness.entries labels them, correctness.check shows
+    them as `stand-in`)."""
+
+    present: str  # the GPU that runs: "H200"
+    recipe: str  # the recipe's GPU it stands in for: "H100"
+
+    @property
+    def architecture(self) -> str:
+        return ARCHITECTURES[self.present]
+
+    def sentence(self) -> str:
+        return f"run on {self.present} standing in for {self.recipe} (both {self.architecture})"
+
+    def label(self) -> str:
+        """A recipe entry's gpu for a stand-in result: never the recipe GPU's name alone."""
+        return f"{self.present} (standing in for {self.recipe})"
+
+    def record(self) -> dict[str, str]:
+        return {"present": self.present, "recipe": self.recipe, "architecture": self.architecture,
+                "sentence": self.sentence()}
+
+
+def stand_in_between(present: str | None, recipe: str | None) -> StandIn | None:
+    """The stand-in where `present` (a GPU type) runs a tier of the other GPU `recipe` of its own
+    architecture; None where they are one GPU, either is unknown, or their architectures differ."""
+    if present is None or recipe is None or present == recipe:
+        return None
+    architecture = ARCHITECTURES.get(present)
+    same = architecture is not None and architecture == ARCHITECTURES.get(recipe)
+    return StandIn(present=present, recipe=recipe) if same else None
+
+
+def parse_stand_in(text: str) -> StandIn:
+    """`h200=h100`: the GPU present, then the recipe GPU it stands in for; CorrectnessError (one
+    line) where either is unknown, they are one GPU, or their architectures differ."""
+    present, equals, recipe = text.partition("=")
+    present, recipe = present.strip().upper(), recipe.strip().upper()
+    where = f"{STAND_IN_OPTION} {text}"
+    if not equals or not present or not recipe:
+        raise CorrectnessError(f"{where}: write it as PRESENT=RECIPE, e.g. h200=h100")
+    unknown = [gpu for gpu in (present, recipe) if gpu not in ARCHITECTURES]
+    if unknown:
+        raise CorrectnessError(f"{where}: unknown GPU {', '.join(unknown)} (known: {', '.join(ARCHITECTURES)})")
+    if present == recipe:
+        raise CorrectnessError(f"{where}: a GPU cannot stand in for itself")
+    stand_in = stand_in_between(present, recipe)
+    if stand_in is None:
+        raise CorrectnessError(f"{where}: {present} is {ARCHITECTURES[present]} and {recipe} is"
+                               f" {ARCHITECTURES[recipe]}; a stand-in must be of the recipe GPU's architecture")
+    return stand_in
+
+
+def stand_in_option(text: str) -> StandIn:
+    """parse_stand_in for an argument parser (pytest's, the CLI's): its refusal as a usage error."""
+    try:
+        return parse_stand_in(text)
+    except CorrectnessError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def no_visible_gpu() -> str | None:
+    """Why torch sees no CUDA GPU here, in one line (torch's build, CUDA_VISIBLE_DEVICES); None
+    where it sees one."""
+    if torch.cuda.is_available():
+        return None
+    built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = "unset" if visible is None else repr(visible)
+    return (f"no visible CUDA GPU: torch.cuda.is_available() is false (torch {torch.__version__}, {built};"
+            f" CUDA_VISIBLE_DEVICES {shown})")
+
+
+def require_visible_gpu(what: str) -> None:
+    """Refuse (CorrectnessError, one line naming `what`) where torch sees no CUDA GPU: a GPU run
+    without one would skip every case and read as a green no-op."""
+    reason = no_visible_gpu()
+    if reason is not None:
+        raise CorrectnessError(f"{what}: {reason}")

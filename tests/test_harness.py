@@ -29,7 +29,7 @@ from correctness import (
 )
 from correctness.harness import build_record
 from correctness.tiers import CPU
-from correctness.results import FORMAT, FORMAT_VERSION, assess
+from correctness.results import FORMAT, FORMAT_VERSION, assess, file_name
 from correctness.rule import DEFAULT_FACTOR
 
 RECIPE = RecipeRef(id="toy/cpu/running-sum", model="Toy", gpu="none", sha256="0" * 64)
@@ -599,7 +599,8 @@ def test_record_id_names_lever_tier_and_candidate():
 def test_write_then_read_record_round_trips(tmp_path):
     record = run_lever(toy_lever())
     path = write_record(record, tmp_path)
-    assert path == tmp_path / "toy/cpu/running-sum" / "running-sum--cpu--fp32 accumulation.json"
+    assert path == tmp_path / "toy/cpu/running-sum" / f"{file_name('running-sum--cpu--fp32 accumulation')}.json"
+    assert path.name.startswith("running-sum--cpu--fp32_accumulation.")  # the id's other characters made legal
     data = read_record(path)
     assert (data["format"], data["format_version"]) == (FORMAT, FORMAT_VERSION)
     assert data["verdict"] == "pass"

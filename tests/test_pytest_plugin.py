@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from correctness.results import read_record
+from correctness.results import file_name, read_record
 
 pytest_plugins = ("pytester",)
 
@@ -200,7 +200,7 @@ def test_a_failing_case_reports_the_full_case_report(pytester):
         ]
     )
     result.stdout.fnmatch_lines(["*toy-sum [[]cpu[]] · recipe toy/cpu/sum · FAIL", "  drops last vs fp32"])
-    assert read_record(records / "toy/cpu/sum/toy-sum--cpu--drops last.json")["verdict"] == "fail"
+    assert read_record(records / "toy/cpu/sum" / f"{file_name('toy-sum--cpu--drops last')}.json")["verdict"] == "fail"
 
 
 def test_a_skipped_case_skips_with_its_reason_and_is_recorded(pytester):

@@ -151,3 +151,10 @@ def test_a_record_missing_a_declared_case_stays_incomplete_when_the_recipe_runs_
     offload = next(lever for lever in verdict_of(gemma, record("attention-backend"), interrupted).levers
                    if lever.lever == "optimizer-offload")
     assert offload.verdict == "incomplete"
+
+
+def test_a_stand_in_run_is_shown_as_such_in_the_recipe_verdict():
+    from correctness.recipe_verdict import tier_label
+
+    assert tier_label({"tier": "h100"}, {"stand_in": {"present": "H200", "recipe": "H100"}}) == "h100 (H200 standing in)"
+    assert tier_label({"tier": "h100"}, {"device": {"type": "cuda"}}) == "h100"

@@ -3,7 +3,9 @@ numerics) and the FP64 reference, at a recipe's rank-local shapes.
 
 Tiers, each a Lever of its own:
 - "cpu": smoke scale on the CPU; torch SDPA's flash CPU kernel against the eager unfused path;
-- "gpu": recipe scale on any CUDA GPU, without TE; each fused SDPA backend against the eager path;
+- "gpu": recipe scale on any CUDA GPU, without TE; each fused SDPA backend against the eager path,
+  where torch's dispatch rules let it run (correctness.attention.combinations: flash is dropped at
+  Gemma's masked and d512 layers, cuDNN's d512 cases are optional and skip with the rule);
 - the recipe's GPU ("h100"): recipe scale; TE's auto backend against TE's forced unfused backend.
 
 Cases: two seeded model-like synthetic cases per layer kind, one window-edge case per windowed
@@ -25,6 +27,7 @@ case is "no kernel change" (bitwise identical), never evidence for a fused kerne
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -274,16 +277,22 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation | 
 
 
 def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """Recipe scale on any CUDA GPU without TE: each fused SDPA backend against the eager path."""
+    """Recipe scale on any CUDA GPU without TE: each fused SDPA backend against the eager path, where
+    torch's dispatch rules let it run (correctness.attention.combinations: a backend refused on every
+    case is dropped, a case it refuses is optional and skips with the rule)."""
+    from correctness.attention.combinations import gpu_sdpa_levers  # it imports the packing lever, which imports this
+
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [
-        attention_backend_lever(
-            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE,
-            candidate=Sdpa(backend), default=EagerUnfused(), options=options,
-            description=f"torch SDPA's {backend} backend against an eager unfused attention and an FP64 reference",
+    cases = attention_cases(recipe, facts_for(recipe, options.model), RECIPE_SCALE, options, {})
+
+    def build(path: Implementation, judged: tuple[Case, ...]) -> Lever:
+        lever = attention_backend_lever(
+            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, candidate=path, default=EagerUnfused(), options=options,
+            description=f"torch SDPA's {path.backend} backend against an eager unfused attention and an FP64 reference",
         )
-        for backend in GPU_SDPA_BACKENDS
-    ]
+        return replace(lever, cases=judged)
+
+    return gpu_sdpa_levers(GPU_SDPA_BACKENDS, cases, build)
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

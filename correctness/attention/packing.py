@@ -9,7 +9,7 @@ GPU with Transformer Engine (qkv_format thd, auto and forced fused). Negative co
 without the boundary (the second row sees the first) and the boundary one token late.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -114,9 +114,8 @@ def packing_controls(candidate: Implementation) -> tuple[Control, ...]:
     )
 
 
-def packing_lever(
-    *, recipe: Recipe, tier: Tier, scale: Scale, packed: Implementation, description: str, options: LeverOptions
-) -> Lever:
+def packing_cases(recipe: Recipe, scale: Scale, options: LeverOptions) -> tuple[Case, ...]:
+    """Two seeded cases per packed (THD) layer kind; NotApplicable where the recipe does not pack rows."""
     model = facts_for(recipe, options.model)
     if qkv_format(recipe) != "thd":
         raise NotApplicable(f"recipe {recipe.id} does not pack rows (its attention runs BSHD, not THD)")
@@ -126,9 +125,16 @@ def packing_lever(
         if shape.qkv_format != "thd":
             continue
         cases += [packing_case(shape, seed) for seed in SEEDS]
+    return tuple(cases)
+
+
+def packing_lever(
+    *, recipe: Recipe, tier: Tier, scale: Scale, packed: Implementation, description: str, options: LeverOptions
+) -> Lever:
+    model = facts_for(recipe, options.model)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=description, recipe=recipe.ref_for(model),
-        cases=tuple(cases), candidate=packed, default=PerRow(packed), reference=Fp64Reference(),
+        cases=packing_cases(recipe, scale, options), candidate=packed, default=PerRow(packed), reference=Fp64Reference(),
         controls=packing_controls(packed), slicing=SLICING, invariants=(SINGLE_KEY_ROWS,),
     )
 
@@ -146,15 +152,21 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
 
 
 def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """The packed call on each fused SDPA backend torch's dispatch rules let run at these shapes
+    (correctness.attention.combinations)."""
+    from correctness.attention.combinations import gpu_sdpa_levers  # it imports PerRow from here
+
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [
-        packing_lever(
-            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, packed=Sdpa(backend),
-            description=f"torch SDPA's {backend} backend over packed rows (THD) against the same rows one at a"
+
+    def build(path: Implementation, judged: tuple[Case, ...]) -> Lever:
+        lever = packing_lever(
+            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, packed=path,
+            description=f"torch SDPA's {path.backend} backend over packed rows (THD) against the same rows one at a"
             " time (BSHD) and an FP64 reference", options=options,
         )
-        for backend in GPU_SDPA_BACKENDS
-    ]
+        return replace(lever, cases=judged)
+
+    return gpu_sdpa_levers(GPU_SDPA_BACKENDS, packing_cases(recipe, RECIPE_SCALE, options), build)
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

@@ -3,7 +3,8 @@ markers), write their records and give the recipe's verdict.
 
     correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--reference REFERENCE.yaml] [--all-levers]
                     [--results-dir DIR] [--workers N] [--model-config CONFIG]
-                    [--checkpoint-cases DIR] [--model-checkpoint DIR] [--json] [-- PYTEST ARGS...]
+                    [--checkpoint-cases DIR] [--model-checkpoint DIR] [--gpu-stand-in PRESENT=RECIPE]
+                    [--json] [-- PYTEST ARGS...]
 
 The recipe is judged on what it changed against its reference (fixtures/references/<id>.yaml, or
 --reference), as `correctness classify` classes the changes; without a reference, on the numerics
@@ -17,7 +18,10 @@ own: those verdicts are evidence about flags the recipe did not change, never th
 
 `auto` runs the GPU tiers where a CUDA device is present (the recipe's GPU marker, and `gpu`) and
 the CPU tiers otherwise (those without a marker that only CUDA tiers carry, Megatron's optimizer on
-the CPU included); both expressions are built from the tiers (correctness.tiers). With several
+the CPU included); both expressions are built from the tiers (correctness.tiers). `--tier gpu`
+where torch sees no CUDA GPU is refused in one line. `--gpu-stand-in h200=h100` lets a GPU of the
+recipe GPU's architecture run its tiers (an H200 for an H100 recipe); the records say so, and
+`correctness check` counts such results as stand-in, never as the recipe GPU's own. With several
 GPUs the cases are spread over them, one GPU per pytest-xdist worker (install the `parallel`
 extra); the workers' records are merged into one per lever. pytest prints its progress and, at the
 end, the recipe's verdict and a verdict table per lever.
@@ -67,11 +71,12 @@ from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
-from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, verdict_lines
+from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, tier_label, verdict_lines
 from correctness.recipes import load_recipe, validate_recipe
 from correctness.report import fit_lines
 from correctness.results import PASS
-from correctness.tiers import GPU, GPU_MARKERS, cuda_only_markers, recipe_gpu_tier  # not via the plugin: see tiers.py
+from correctness.tiers import (GPU, GPU_MARKERS, STAND_IN_OPTION, cuda_only_markers, recipe_gpu_tier,  # not via the
+                               require_visible_gpu, stand_in_option)  # plugin: see tiers.py
 
 COMPONENT_TESTS = COMPONENT_TESTS_DIR  # the checkout's component_tests/, or the installed package's
 PLUGIN = "correctness.pytest_plugin"  # the checkout's conftest.py loads it too; pytest loads it once
@@ -100,6 +105,9 @@ def add_arguments(parser) -> None:
                         " `correctness model-facts`), for a model the suite has no facts of")
     parser.add_argument("--strict-systematic", action="store_true",
                         help="fail a case whose candidate shows a systematic error (scale slope or offset)")
+    parser.add_argument(STAND_IN_OPTION, type=stand_in_option, default=None, metavar="PRESENT=RECIPE",
+                        help="let this GPU run the recipe GPU's tiers in its place, one of its architecture (h200=h100);"
+                        " the records say so, and `correctness check` counts them as stand-in only")
 
 
 def markers(recipe, tier: str) -> str:
@@ -217,7 +225,7 @@ def _record_summary(record: dict[str, Any], path: Path, verdict: RecipeVerdict) 
         cases[case.get("status")] = cases.get(case.get("status"), 0) + 1
     lever = record.get("lever", {})
     needed = next((evidence for evidence in verdict.levers if evidence.lever == lever.get("name")), None)
-    for_recipe = None if needed is None else dict(needed.tiers).get(lever.get("tier"))
+    for_recipe = None if needed is None else dict(needed.tiers).get(tier_label(lever, record.get("provenance", {})))
     if needed is None:
         why = "no change of the recipe needs this lever: evidence about flags it did not change, not its verdict"
     elif for_recipe != record.get("verdict"):
@@ -264,6 +272,8 @@ def _stopped(status: int) -> int:
 
 
 def _judge(args) -> int:
+    if args.tier == "gpu":  # every GPU case would skip without one: a green no-op
+        require_visible_gpu("correctness run --tier gpu")
     recipe = load_recipe(args.recipe)
     validate_recipe(recipe.data, recipe.id)
     try:
@@ -294,6 +304,9 @@ def _judge(args) -> int:
         if value:
             selected += [f"--{option.replace('_', '-')}", value]
     selected += [flag for flag, wanted in (("--strict-systematic", args.strict_systematic), ("--wide", args.wide)) if wanted]
+    stand_in = getattr(args, "gpu_stand_in", None)
+    if stand_in is not None:
+        selected += [STAND_IN_OPTION, f"{stand_in.present.lower()}={stand_in.recipe.lower()}"]
     # The verdicts say what skipped and why: pytest's own summary lists failures only, and not the
     # libraries' import warnings (megatron-core's, torch's), whose lines run to 350 characters.
     command = [*selected, "-rfE", "--disable-warnings"]

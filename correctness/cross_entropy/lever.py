@@ -18,6 +18,12 @@ confined to one rank's shard (its vocabulary offset, its target mask) is not dil
 Shapes: each rank's vocabulary slice is the model's vocabulary over the recipe's TP (at TP t the
 cases' full vocabulary is t slices, so that every rank works on the recipe's slice), the sequence
 and batch are the recipe's row tokens and rows per microbatch; the smoke scale divides both down.
+The GPU tiers run at the one-GPU scale ("one-gpu"): the recipe's vocabulary slice and rows, with
+the row tokens cut (to a multiple of ROW_TOKEN_STEP) until a case's logits, all its TP ranks'
+together, are at most ONE_GPU_LOGITS. At the recipe's own scale Gemma's TP 2 cases hold 8,192 x
+262,144 BF16 logits (4.3 GB), made on the host and pickled to each of two spawned ranks per case,
+which a one-GPU run of ten minutes cannot afford; at this scale all four cases share one start of
+ranks (GPU_TIMEOUT), and each shape's id states its sequence.
 The upstream gradient is the loss mask (supervised with the recipe's dataset ratio): per-token loss
 summed under it, as `--calculate-per-token-loss` does.
 
@@ -64,7 +70,9 @@ FP32_EXP_OVERFLOW = 88.72  # log(FP32 max): exp of a larger logit is Inf
 VARIANTS = (("learned-logits", 0, 0.0), ("large-logits", 1, LARGE_OFFSET))  # variant, seed, offset
 SMOKE = {"row_tokens": 256, "vocab_slice": 4096}
 PROBE_POSITIONS = 512
-GPU_TIMEOUT = 900.0  # seconds for one case's ranks at the recipe's scale, compilation included
+GPU_TIMEOUT = 300.0  # seconds for the GPU tiers' ranks (every case, one start), compilation included
+ONE_GPU_LOGITS = 2**28  # a case's logits at the one-GPU scale, at most (512 MiB in BF16)
+ROW_TOKEN_STEP = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,8 +140,8 @@ class _Planned:
 
 class RankSession:
     """Megatron's runs for a group of cases, made in one start of gloo ranks when the first of
-    them is asked for (a start costs seconds of compilation in the ranks; the CPU tier shares one
-    among all its cases, a GPU tier starts ranks per case). Each planned call runs as often as the
+    them is asked for (a start costs seconds of compilation in the ranks; every tier shares one
+    among all its cases, as the GPU tiers' one-GPU scale allows). Each planned call runs as often as the
     harness asks for it (the candidate and the default twice: the repeat and the positive control);
     a path asked once more than planned gets a start of its own. The inputs a case's harness made
     are checked to be the ones its ranks saw."""
@@ -315,9 +323,20 @@ def overflow_inapplicable(case: Case) -> str | None:
             f" only the rounding changes")
 
 
+def one_gpu_row_tokens(recipe: Recipe, vocab: int) -> int:
+    """The recipe's row tokens, cut to a multiple of ROW_TOKEN_STEP (one step at least) so that a
+    case's logits over `vocab` (the full vocabulary of its TP group) are at most ONE_GPU_LOGITS."""
+    fitting = ONE_GPU_LOGITS // (recipe.rows_per_microbatch * vocab) // ROW_TOKEN_STEP * ROW_TOKEN_STEP
+    return min(recipe.row_tokens, max(ROW_TOKEN_STEP, fitting))
+
+
 def cross_entropy_shape(recipe: Recipe, model: ModelFacts, scale: str, tp: int, offset: float) -> CrossEntropyShape:
+    """`scale`: "recipe", "one-gpu" (the GPU tiers': the module's docstring) or "smoke"."""
     slice_ = int(model.field("vocab_size")) // recipe.tp
-    sizes = {"row_tokens": recipe.row_tokens, "vocab_slice": slice_} if scale == "recipe" else SMOKE
+    if scale == "one-gpu":  # every TP size at the largest one's sequence: one compiled shape per rank
+        sizes = {"row_tokens": one_gpu_row_tokens(recipe, max(TP_SIZES) * slice_), "vocab_slice": slice_}
+    else:
+        sizes = {"row_tokens": recipe.row_tokens, "vocab_slice": slice_} if scale == "recipe" else SMOKE
     softcap = model.data.get("final_logit_softcap")
     return CrossEntropyShape(
         model=model.short_name, scale=scale, tp=tp, recipe_tp=recipe.tp, seq_len=sizes["row_tokens"],
@@ -430,18 +449,18 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate: MegatronPath = NA
 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Megatron's native fused cross entropy on a CUDA GPU (its jit_fuser compiles Triton kernels),
-    at the recipe's scale; both ranks on one GPU over gloo."""
+    at the one-GPU scale (the module's docstring); both ranks on one GPU over gloo, one start of
+    ranks for every case."""
     recipe = lever_recipe(recipe_id, options.recipe)
     _runs_impl(recipe, "native")
-    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options, shared_session=False)]
+    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_GPU, scale="one-gpu", options=options)]
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """TE's parallel cross entropy (impl `te`) on the recipe's GPU, at the recipe's scale; the
+    """TE's parallel cross entropy (impl `te`) on the recipe's GPU, at the one-GPU scale; the
     default is still Megatron's unfused function, so the tier needs megatron-core too."""
     recipe = lever_recipe(recipe_id, options.recipe)
     _runs_impl(recipe, "te")
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
-    return [cross_entropy_lever(recipe, tier=tier, scale="recipe", options=options, candidate=TE_PATH,
-                                shared_session=False)]
+    return [cross_entropy_lever(recipe, tier=tier, scale="one-gpu", options=options, candidate=TE_PATH)]

@@ -7,7 +7,9 @@ Two computations, each a Lever of its own per tier, for attention forward and ba
 the data-parallel gradient reduction:
 
 - attention: the recipe's attention path (CPU: torch SDPA's flash CPU kernel; GPU: each torch
-  SDPA backend; recipe GPU: TE's auto backend) run with the switches of --deterministic-mode on
+  SDPA backend that runs under deterministic algorithms at the recipe's shapes, never cuDNN's,
+  flash on packed rows one row at a time (correctness.attention.combinations); recipe GPU: TE's
+  auto backend) run with the switches of --deterministic-mode on
   (correctness.determinism.mode.InMode) against the same path with them off, and the FP64
   reference, at the attention lever's smoke or recipe shapes, one model-like case per layer kind;
 - gradient reduction: the recipe's reduction (its dtype, reduce-scatter or all-reduce, Megatron's
@@ -44,7 +46,8 @@ from correctness.attention.sdpa import Sdpa
 from correctness.attention.shapes import RECIPE_SCALE, Scale
 from correctness.attention.te import TransformerEngine
 from correctness.determinism.mode import InMode
-from correctness.lever import Control, Implementation, Lever, LeverOptions, PathOutput, Tier
+from correctness.attention.combinations import gpu_sdpa_levers
+from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
 from correctness.optimizer.layout import SMOKE
 from correctness.recipes import Recipe, lever_recipe
@@ -111,11 +114,19 @@ def attention_controls(candidate: Implementation) -> tuple[Control, ...]:
     )
 
 
-def attention_lever(recipe: Recipe, *, tier: Tier, scale: Scale, base: Implementation, options: LeverOptions) -> Lever:
+def attention_lever_cases(recipe: Recipe, scale: Scale, options: LeverOptions) -> tuple[Case, ...]:
+    """One model-like case per layer kind, at the attention lever's shapes."""
+    model = facts_for(recipe, options.model)
+    return tuple(case for case in attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS)
+                 if case.variant == "model-like")
+
+
+def attention_lever(recipe: Recipe, *, tier: Tier, scale: Scale, base: Implementation, options: LeverOptions,
+                    cases: tuple[Case, ...] | None = None) -> Lever:
+    """`cases`: those to judge (default: attention_lever_cases)."""
     model = facts_for(recipe, options.model)
     candidate = InMode(base, deterministic=True, device=tier.device)
-    cases = tuple(case for case in attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS)
-                  if case.variant == "model-like")
+    cases = cases if cases is not None else attention_lever_cases(recipe, scale, options)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=ATTENTION_DESCRIPTION.format(runs=RUNS),
         recipe=recipe.ref_for(model), cases=cases, candidate=candidate,
@@ -167,14 +178,28 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     ]
 
 
+def gpu_attention_levers(recipe: Recipe, options: LeverOptions) -> list[Lever]:
+    """Each torch SDPA backend at the recipe's scale that torch's dispatch lets run under deterministic
+    algorithms (correctness.attention.combinations: cuDNN attention never does; flash runs packed
+    plain-causal rows one at a time, as it takes no mask); none where no backend can."""
+    cases = attention_lever_cases(recipe, RECIPE_SCALE, options)
+
+    def build(path: Implementation, judged: tuple[Case, ...]) -> Lever:
+        return attention_lever(recipe, tier=tiers.GPU, scale=RECIPE_SCALE, base=path, options=options, cases=judged)
+
+    try:
+        return gpu_sdpa_levers(attention.GPU_SDPA_BACKENDS, cases, build, deterministic=True, rows_apart=True)
+    except NotApplicable:
+        return []
+
+
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """Each torch SDPA backend at the recipe's scale, and NCCL over this machine's GPUs (smoke scale;
-    the case skips with fewer than 2 GPUs)."""
+    """The torch SDPA backends that can run at the recipe's scale (gpu_attention_levers), and NCCL over
+    this machine's GPUs (smoke scale; its cases skip at once, with the reason, with fewer than 2 GPUs)."""
     recipe = lever_recipe(recipe_id, options.recipe)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [
-        *(attention_lever(recipe, tier=tiers.GPU, scale=RECIPE_SCALE, base=Sdpa(backend), options=options)
-          for backend in attention.GPU_SDPA_BACKENDS),
+        *gpu_attention_levers(recipe, options),
         reduction_determinism_lever(recipe, tier=tiers.GPU, options=options, ranks_available=gpus),
     ]
 

@@ -32,6 +32,10 @@ NVTE_SWITCH = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_WORKSPACE_VALUE = ":4096:8"  # one of the two values torch's reproducibility notes name
 NO_DETERMINISTIC_KERNEL = "does not have a deterministic implementation"
+# cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it makes its handle, the process's first cuBLAS call: set
+# here, it may come too late (torch's check reads the variable at each call and is then satisfied).
+LATE_WORKSPACE = ("by this process around the call, where cuBLAS may have read the environment before it:"
+                  " export CUBLAS_WORKSPACE_CONFIG before Python starts (scripts/gpu-check does)")
 
 
 @contextlib.contextmanager
@@ -63,7 +67,8 @@ def determinism(deterministic: bool, device: torch.device) -> Iterator[dict[str,
             torch.backends.cudnn.benchmark = False
         try:
             yield {"torch_deterministic_algorithms": deterministic, "cudnn_deterministic": deterministic,
-                   **{name: os.environ.get(name) for name in (NVTE_SWITCH, CUBLAS_WORKSPACE)}}
+                   **{name: os.environ.get(name) for name in (NVTE_SWITCH, CUBLAS_WORKSPACE)},
+                   **({"cublas_workspace_config_set": LATE_WORKSPACE} if CUBLAS_WORKSPACE in env else {})}
         finally:
             torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
