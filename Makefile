@@ -5,6 +5,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 CPU_TORCH ?= 2.13.0
+# The tiers these commands exist to run: one that would skip here for a missing dependency (a
+# megatron-core that no longer imports) fails the run instead of leaving it green.
+REQUIRED_TIERS ?= cpu,megatron-cpu
 BIN := $(VENV)/bin
 
 .PHONY: install component-tests test benchmark
@@ -23,12 +26,12 @@ install: $(VENV)/.installed
 # judged on the levers those changes need), then every lever's verdict table; pytest's own short
 # summary lists failures only (the tables say what skipped and why), without the libraries' warnings.
 component-tests: install
-	$(BIN)/python -m pytest component_tests -rfE --disable-warnings
+	$(BIN)/python -m pytest component_tests -rfE --disable-warnings --require-tiers $(REQUIRED_TIERS)
 
 # The whole suite on every core (pytest-xdist, from the test extra; the workers share the cores'
 # torch threads and merge their lever records): on 2 cores about 30% faster than one process.
 test: install
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -n auto --require-tiers $(REQUIRED_TIERS)
 
 benchmark: install
 	$(BIN)/python benchmarks/cpu_tier.py

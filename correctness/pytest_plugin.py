@@ -60,8 +60,8 @@ from correctness.record_store import (append_cases, case_log_path, recover_case_
                                       start_case_log, store_record, why_beside)
 from correctness.results import (CaseResult, LeverRecord, case_to_json, file_name, merge_records, read_record,
                                  record_to_json, write_record)
-from correctness.tiers import (GPU_MARKERS, STAND_IN_OPTION, StandIn, cuda_only_markers, stand_in_between,
-                               stand_in_option)
+from correctness.tiers import (GPU_MARKERS, REQUIRE_TIERS_OPTION, STAND_IN_OPTION, StandIn, cuda_only_markers,
+                               required_tiers, stand_in_between, stand_in_option)
 
 CHECKPOINT_ENV = "CORRECTNESS_CHECKPOINT_CASES"
 MODEL_CHECKPOINT_ENV = "CORRECTNESS_MODEL_CHECKPOINT"
@@ -127,6 +127,11 @@ def pytest_addoption(parser):
         "--model-checkpoint",
         default=None,
         help=f"the model's Hugging Face checkpoint folder, for checkpoint weights (or set {MODEL_CHECKPOINT_ENV})",
+    )
+    group.addoption(
+        REQUIRE_TIERS_OPTION, default=None, type=required_tiers, metavar="TIER,...",
+        help="tiers that must run here (e.g. cpu,megatron-cpu): a test of one that would skip because the machine"
+        " lacks what it needs (a missing megatron-core) fails instead, naming it",
     )
 
 
@@ -334,6 +339,11 @@ def pytest_runtest_setup(item):
         item.user_properties.append((LEVERS_PROPERTY, item_levers(item)))
     reason = _missing_hardware(item)
     if reason:
+        lever = item.callspec.params.get("lever") if hasattr(item, "callspec") else None
+        required = item.config.getoption("require_tiers") or frozenset()
+        if lever is not None and lever.tier.name in required:
+            pytest.fail(f"the {lever.tier.name} tier is required here (--require-tiers) but cannot run: {reason}",
+                        pytrace=False)
         pytest.skip(reason)
 
 

@@ -135,3 +135,17 @@ def require_visible_gpu(what: str) -> None:
     reason = no_visible_gpu()
     if reason is not None:
         raise CorrectnessError(f"{what}: {reason}")
+
+
+REQUIRE_TIERS_OPTION = "--require-tiers"  # pytest's and `correctness run`'s
+
+
+def required_tiers(text: str) -> frozenset[str]:
+    """An argparse type: --require-tiers' tier names, each one of the suite's tiers (TIERS)."""
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    known = [tier.name for tier in TIERS]
+    unknown = sorted(names - set(known))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{'no tier named' if not names else 'unknown tier ' + ', '.join(unknown)};"
+                                         f" the tiers are {', '.join(known)}")
+    return names

@@ -75,8 +75,10 @@ from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_lever
 from correctness.recipes import load_recipe, validate_recipe
 from correctness.report import fit_lines
 from correctness.results import PASS
-from correctness.tiers import (GPU, GPU_MARKERS, STAND_IN_OPTION, cuda_only_markers, recipe_gpu_tier,  # not via the
-                               require_visible_gpu, stand_in_option)  # plugin: see tiers.py
+from correctness.tiers import (  # not via the plugin: see tiers.py
+    GPU, GPU_MARKERS, REQUIRE_TIERS_OPTION, STAND_IN_OPTION, cuda_only_markers, recipe_gpu_tier, require_visible_gpu,
+    required_tiers, stand_in_option,
+)
 
 COMPONENT_TESTS = COMPONENT_TESTS_DIR  # the checkout's component_tests/, or the installed package's
 PLUGIN = "correctness.pytest_plugin"  # the checkout's conftest.py loads it too; pytest loads it once
@@ -105,6 +107,9 @@ def add_arguments(parser) -> None:
                         " `correctness model-facts`), for a model the suite has no facts of")
     parser.add_argument("--strict-systematic", action="store_true",
                         help="fail a case whose candidate shows a systematic error (scale slope or offset)")
+    parser.add_argument(REQUIRE_TIERS_OPTION, type=required_tiers, default=None, metavar="TIER,...",
+                        help="tiers that must run (cpu,megatron-cpu): a test of one that would skip for a missing"
+                        " dependency fails instead")
     parser.add_argument(STAND_IN_OPTION, type=stand_in_option, default=None, metavar="PRESENT=RECIPE",
                         help="let this GPU run the recipe GPU's tiers in its place, one of its architecture (h200=h100);"
                         " the records say so, and `correctness check` counts them as stand-in only")
@@ -304,6 +309,8 @@ def _judge(args) -> int:
         if value:
             selected += [f"--{option.replace('_', '-')}", value]
     selected += [flag for flag, wanted in (("--strict-systematic", args.strict_systematic), ("--wide", args.wide)) if wanted]
+    if getattr(args, "require_tiers", None):
+        selected += [REQUIRE_TIERS_OPTION, ",".join(sorted(args.require_tiers))]
     stand_in = getattr(args, "gpu_stand_in", None)
     if stand_in is not None:
         selected += [STAND_IN_OPTION, f"{stand_in.present.lower()}={stand_in.recipe.lower()}"]
