@@ -26,7 +26,7 @@ from typing import Any
 
 from correctness.entries import count, counted, errors_sentence, format_sentence, generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
-from correctness.files import locked, refuse_read_only
+from correctness.files import locked, refuse_read_only, shown_path
 from correctness.model_config import same_model
 from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
 from correctness.registry import known_lever, lever_reads
@@ -148,14 +148,14 @@ def editing(recipe_path: str | Path, dry_run: bool = False) -> Iterator[None]:
 
 
 def recipe_records(recipe_path: str | Path, results_dir: Path) -> list[Path]:
-    """The records of a recipe's own folder in results_dir (records_folder), but those of an
-    interrupted run; RecipeError where there are none."""
+    """The records of a recipe's own folder in results_dir (records_folder; an interrupted run's lie
+    in its hidden `.interrupted/`, left out here, and attach refuses one anywhere); RecipeError where
+    there are none."""
     recipe = load_recipe(recipe_path)
     folder = records_folder(dataclasses.asdict(recipe.ref), results_dir)
-    paths = [path for path in sorted(folder.glob("*.json")) if not read_record(path).get("interrupted")]
+    paths = sorted(folder.glob("*.json"))
     if not paths:
-        raise RecipeError(f"recipe {recipe_path}: no records in {folder}; run `correctness run {recipe_path}` first,"
-                          " or name the records")
+        raise RecipeError(f"recipe {recipe.id}: no records in {shown_path(folder)} (run it first)")
     return paths
 
 

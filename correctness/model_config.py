@@ -31,6 +31,7 @@ import yaml
 
 from correctness.errors import RecipeError
 from correctness.files import read_input
+from correctness.model_limits import number_problem
 
 FAMILIES_FILE = Path(__file__).resolve().parent / "families.yaml"
 CONFIG_LIMIT = 4 * 1024 * 1024  # bytes; a config.json is a few KB
@@ -200,9 +201,9 @@ def _is_number(value: Any) -> bool:
 
 def positive(value: Any, error: Callable[[str], ModelFactsError], field: str, *, zero: bool = False) -> float:
     """A finite positive number (`zero`: or 0), else `error` naming the field (dotted within a mapping)."""
-    if not _is_number(value) or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        wanted = "a finite number of at least 0" if zero else "a finite positive number"
-        raise error(f"field {field} must be {wanted}, got {value!r}")
+    problem = number_problem(value, zero=zero)
+    if problem is not None:
+        raise error(f"field {field} {problem}")
     return float(value)
 
 

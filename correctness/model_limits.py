@@ -62,12 +62,21 @@ def checked_size(value: Any, dimension: str, owner: str, field: str, *, minimum:
     return value
 
 
+def number_problem(value: Any, *, at_most: float = math.inf, zero: bool = False) -> str | None:
+    """Why `value` is not a finite number above zero (or zero, where `zero`) and at most `at_most`,
+    as "must be ..., got ..."; None where it is one."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and math.isfinite(value) and (value > 0 or (zero and value == 0)) and value <= at_most:
+        return None
+    low = "0" if zero else "above 0"
+    high = "" if at_most == math.inf else f" and at most {at_most:g}"
+    return f"must be a finite number {low}{high}, got {value!r}"
+
+
 def checked_number(value: Any, owner: str, field: str, *, at_most: float = math.inf, zero: bool = False) -> float:
     """`value` where it is a finite number above zero (or zero, where `zero`) and at most `at_most`,
     else RecipeError naming `owner` and the field."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero) or value > at_most:
-        low = "0" if zero else "above 0"
-        high = "" if at_most == math.inf else f" and at most {at_most:g}"
-        raise RecipeError(f"{owner}: field {field} must be a finite number {low}{high}, got {value!r}")
+    problem = number_problem(value, at_most=at_most, zero=zero)
+    if problem is not None:
+        raise RecipeError(f"{owner}: field {field} {problem}")
     return float(value)
