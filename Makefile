@@ -7,17 +7,23 @@ VENV ?= .venv
 CPU_TORCH ?= 2.13.0
 # The tiers these commands exist to run: one that would skip here for a missing dependency (a
 # megatron-core that no longer imports) fails the run instead of leaving it green.
-REQUIRED_TIERS ?= cpu,megatron-cpu
+REQUIRED_TIERS ?= cpu,megatron-cpu,te-cpu
 BIN := $(VENV)/bin
+# Transformer Engine 2.17's Python for the te-cpu tier (correctness/te_on_cpu.py), in a folder of
+# its own, never site-packages: there its bare `import transformer_engine` raises RuntimeError,
+# which megatron-core's `except ImportError` guards do not catch. einops: its one pure-Python
+# dependency on that path (the others, triton and onnx among them, get inert stand-ins).
+TE_CPU_PACKAGES ?= transformer-engine==2.17.0 einops==0.8.2
 
 .PHONY: install component-tests test benchmark
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==$(CPU_TORCH)"
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(VENV)/te-cpu $(TE_CPU_PACKAGES)
 	touch $@
 
 install: $(VENV)/.installed

@@ -22,3 +22,8 @@ def test_sdpa_fused_against_eager_unfused(lever, case, lever_check):
 @pytest.mark.levers(factory=partial(attention.cpu_tier, RECIPE), lever=attention.NAME)
 def test_sdpa_flash_cpu_against_eager_unfused(lever, case, lever_check):
     lever_check(lever, case)
+
+
+@pytest.mark.levers(factory=partial(attention.te_cpu_tier, RECIPE), lever=attention.NAME)
+def test_sdpa_flash_cpu_against_te_unfused_on_cpu(lever, case, lever_check):
+    lever_check(lever, case)

@@ -25,5 +25,7 @@ def test_fp8_linear_with_te(lever, case, lever_check):
 
 @pytest.mark.levers(factory=at_recipes(fp8.cpu_tier), lever=fp8.NAME)
 def test_fp8_linear_cpu(lever, case, lever_check):
-    """torch's float8 dtypes, the GEMM's FP32 stand-in, smoke scale."""
+    """torch's float8 dtypes, smoke scale; the GEMMs with Hopper's arithmetic (mmaemu hopper-te: the H100 PCIe's,
+    the nearest chip mmaemu models to the recipe's H100 SXM / H200) on delayed and tensorwise scaling, the FP32
+    stand-in on blockwise and MXFP8 (the record says which ran)."""
     lever_check(lever, case)

@@ -3,7 +3,8 @@ that run megatron-core's own functions on the CPU.
 
 `gemm_as_cublas()`: while it is active, every BF16 or FP16 `aten.mm` and `aten.bmm` of CPU tensors
 of one dtype is the FP32 product of the operands rounded once to their dtype (cuBLAS's BF16 GEMM:
-FP32 accumulation, one rounding of the output). It stands in for torch's own low-precision CPU
+FP32 accumulation, one rounding of the output), and `aten.baddbmm` is alpha times that product
+plus beta times the input, in FP32, rounded once (cuBLAS's alpha and beta are FP32 scalars). It stands in for torch's own low-precision CPU
 GEMM, which is 20-70 x slower on a CPU without BF16 hardware (a scalar loop) and whose rounding is
 the host's. It is a dispatch mode, so it reaches the products the autograd engine runs in the
 backward too (a custom autograd Function's backward), which a TorchFunctionMode does not.
@@ -29,6 +30,11 @@ class _GemmAsCublas(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _PRODUCTS and not kwargs and _low_precision_pair(args):
             return func(args[0].float(), args[1].float()).to(args[0].dtype)
+        if func is torch.ops.aten.baddbmm.default and len(args) == 3 and _low_precision_pair(args[1:]) \
+                and args[0].dtype == args[1].dtype and set(kwargs) <= {"beta", "alpha"}:
+            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+            product = torch.bmm(args[1].float(), args[2].float()) * alpha
+            return (product if beta == 0 else product + beta * args[0].float()).to(args[1].dtype)
         return func(*args, **kwargs)
 
 

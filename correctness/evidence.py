@@ -49,12 +49,14 @@ class Evidence:
     klass: str  # one of DECLARED
     tier: str  # the lever's tier (KnownLever.tiers) the evidence comes from
     what: str  # one line: what runs there, and why it is of this class
-    held_equal_by: HeldEqual | None = None  # where a stand-in takes one side
+    held_equal_by: tuple[HeldEqual, ...] = ()  # where a stand-in takes one side: the tests that hold it to upstream
     # A regular expression searched in a GPU record's lever description: the records that upgrade
     # this evidence to gpu-run (None: every GPU record of the lever).
     gpu_description: str | None = None
 
     def __post_init__(self):
+        if not isinstance(self.held_equal_by, tuple) or not all(isinstance(h, HeldEqual) for h in self.held_equal_by):
+            raise TypeError(f"evidence held_equal_by: a tuple of HeldEqual, not {self.held_equal_by!r}")
         if self.klass not in DECLARED:
             raise ValueError(f"evidence class {self.klass!r}: a lever declares one of {', '.join(DECLARED)}")
 

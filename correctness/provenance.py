@@ -28,7 +28,8 @@ import torch
 
 from correctness.tiers import stand_in_between
 
-OPTIONAL_PACKAGES = ("transformer-engine", "transformer-engine-torch", "flash-attn", "flash-attn-3", "megatron-core")
+OPTIONAL_PACKAGES = ("transformer-engine", "transformer-engine-torch", "flash-attn", "flash-attn-3", "megatron-core",
+                     "mmaemu")
 
 
 def package_version(distribution: str) -> str | None:
@@ -36,6 +37,14 @@ def package_version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def te_cpu_version() -> str | None:
+    """The version of Transformer Engine installed for the te-cpu tier (None: none there)."""
+    from correctness.te_on_cpu import te_folder
+
+    found = sorted(te_folder().glob("transformer_engine-*.dist-info"))
+    return found[0].name.removeprefix("transformer_engine-").removesuffix(".dist-info") if found else None
 
 
 def megatron_core_version() -> str:
@@ -206,6 +215,8 @@ def provenance(device: torch.device, recipe_gpu: str | None = None) -> dict[str,
         **cuda_libraries(device),
         "numerics": numerics_switches(),
         "packages": {name: package_version(name) for name in OPTIONAL_PACKAGES},
+        # TE's Python in the te-cpu tier's own folder (correctness.te_on_cpu), never site-packages.
+        "transformer_engine_for_cpu": te_cpu_version(),
         "correctness_commit": git_commit(),
     }
     shown = stand_in(description, recipe_gpu)

@@ -72,6 +72,7 @@ MARKERS = {
     **{marker: f"needs an NVIDIA {gpu} (the recipe's GPU); skips elsewhere" for marker, gpu in GPU_MARKERS.items()},
     "te": "needs a usable Transformer Engine; skips with the reason where it is missing",
     "megatron": "needs a usable megatron-core; skips with the reason where it is missing",
+    "te_cpu": "needs Transformer Engine 2.17's Python installed for the CPU (make install); skips with the reason",
 }
 
 
@@ -328,6 +329,10 @@ def _missing_hardware(item) -> str | None:
             import megatron.core  # noqa: F401
         except Exception as error:
             return f"megatron-core is not usable here: {type(error).__name__}: {error}"
+    if "te_cpu" in names:
+        from correctness.te_on_cpu import unusable_reason
+
+        return unusable_reason()
     return None
 
 

@@ -70,18 +70,27 @@ class KnownLever:
 EAGER_HELD_TO_MEGATRON = HeldEqual(
     test="tests/test_softmax_precision_lever.py::test_fp32_softmax_is_bitwise_the_eager_unfused_path",
     upstream="Megatron's DotProductAttention with its FP32 softmax (bitwise)", needs_gpu=False)
+EAGER_HELD_TO_TE = HeldEqual(
+    test="tests/test_te_on_cpu.py::test_the_eager_path_is_bitwise_tes_unfused_attention",
+    upstream="TE 2.17's UnfusedDotProductAttention, its Python on the CPU (bitwise)", needs_gpu=False)
 ROPE_HELD_TO_TE = HeldEqual(test="tests/test_rope_lever.py::test_fused_arithmetic_stands_in_for_tes_kernel",
                             upstream="TE's FusedRoPEFunc", needs_gpu=True)
+ROPE_HELD_TO_TE_UNFUSED = HeldEqual(
+    test="tests/test_rope_lever.py::test_fused_arithmetic_is_tes_unfused_rope_in_fp32_bitwise",
+    upstream="TE 2.17's unfused apply_rotary_pos_emb (fused=False) in FP32, its Python on the CPU (bitwise)",
+    needs_gpu=False)
 
 KNOWN_LEVERS = {
     lever.name: lever
     for lever in (
         KnownLever(
-            name=attention.NAME, version=attention.VERSION, tiers=("cpu", "gpu", RECIPE_GPU),
+            name=attention.NAME, version=attention.VERSION, tiers=("cpu", "te-cpu", "gpu", RECIPE_GPU),
             reads=(*SHAPE_READS, "layout.summary", "--attention-backend", "--qkv-format"),
-            evidence=Evidence(klass=UPSTREAM, tier="cpu", held_equal_by=EAGER_HELD_TO_MEGATRON,
+            evidence=Evidence(klass=UPSTREAM, tier="cpu",
+                              held_equal_by=(EAGER_HELD_TO_MEGATRON, EAGER_HELD_TO_TE),
                               what="torch SDPA's flash CPU kernel (not TE's cuDNN or flash) against this project's"
-                                   " eager unfused attention, which reproduces TE's unfused numerics"),
+                                   " eager unfused attention, bitwise TE 2.17's own unfused attention (te-cpu runs"
+                                   " TE's)"),
             entry_text=attention_entry.entry_text),
         KnownLever(
             name=offload.NAME, version=offload.VERSION, tiers=("cpu", "megatron-cpu", "megatron", RECIPE_GPU),
@@ -171,7 +180,8 @@ KNOWN_LEVERS = {
             name=rope.NAME, version=rope.VERSION, tiers=("megatron-cpu", RECIPE_GPU),
             reads=(*SHAPE_READS, "--position-embedding-type", "--qkv-format", "--rotary-interleaved",
                    "--rotary-seq-len-interpolation-factor", "--use-rope-scaling", "--rope-scaling-factor"),
-            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu", held_equal_by=ROPE_HELD_TO_TE,
+            evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                              held_equal_by=(ROPE_HELD_TO_TE_UNFUSED, ROPE_HELD_TO_TE),
                               what="Megatron's unfused apply_rotary_pos_emb against this project's stand-in of TE's"
                                    " fused RoPE kernel's arithmetic (FP32, one rounding)")),
         KnownLever(
@@ -179,8 +189,12 @@ KNOWN_LEVERS = {
             reads=(*SHAPE_READS, "layout.ep", "--fp8-format", "--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len",
                    "--fp8-amax-compute-algo", "--no-gradient-accumulation-fusion"),
             evidence=Evidence(klass=STAND_IN, tier="cpu",
-                              what="TE's four scaling recipes emulated in torch's float8 dtypes with an FP32 GEMM"
-                                   " stand-in (probed against torch._scaled_mm where the CPU takes the layout)")),
+                              what="TE's four scaling recipes in torch's float8 dtypes; delayed and tensorwise"
+                                   " GEMMs with Hopper's FP8 arithmetic (mmaemu 0.1.0 hopper-te: the H100 PCIe's, the"
+                                   " nearest chip it models to the recipes' H100 SXM / H200; fprop with fast"
+                                   " accumulation, dgrad and wgrad with the split accumulator, as TE), blockwise and"
+                                   " MXFP8 with an FP32 GEMM stand-in (probed against torch._scaled_mm where the CPU"
+                                   " takes the layout)")),
         KnownLever(
             name=adam_precision.NAME, version=adam_precision.VERSION, tiers=("cpu", RECIPE_GPU),
             reads=(*OPTIMIZER_READS, "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),

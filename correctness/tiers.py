@@ -30,6 +30,8 @@ CPU = Tier(name="cpu", device="cpu")
 GPU = Tier(name="gpu", device="cuda", markers=("gpu",))  # any CUDA GPU, without Transformer Engine
 MEGATRON_CPU = Tier(name="megatron-cpu", device="cpu", markers=("megatron",))  # megatron-core, no GPU
 MEGATRON_GPU = Tier(name="megatron", device="cuda", markers=("gpu", "te", "megatron"))
+# Transformer Engine 2.17's own Python on the CPU (correctness.te_on_cpu): its unfused paths, no kernels.
+TE_CPU = Tier(name="te-cpu", device="cpu", markers=("te_cpu",))
 
 
 def recipe_gpu_tier(gpu: str) -> Tier:
@@ -42,7 +44,7 @@ def recipe_gpu_tier(gpu: str) -> Tier:
     return Tier(name=name, device="cuda", markers=(name, "te"))
 
 
-TIERS = (CPU, GPU, MEGATRON_CPU, MEGATRON_GPU, *(recipe_gpu_tier(gpu) for gpu in GPU_MARKERS.values()))
+TIERS = (CPU, GPU, MEGATRON_CPU, TE_CPU, MEGATRON_GPU, *(recipe_gpu_tier(gpu) for gpu in GPU_MARKERS.values()))
 
 
 def cuda_only_markers() -> tuple[str, ...]:

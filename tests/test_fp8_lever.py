@@ -2,8 +2,9 @@
 (scales from amax, power-of-two and E8M0 rounding, saturation, partial blocks), the GEMM stand-in
 against torch._scaled_mm on the CPU, what the recipe selects, the format floor (the reference on
 the recipe's FP8 operands), and the CPU tier end to end on a recipe that trains in FP8: the honest
-emulation is format-limited, every control fails the format bound, and the wrong implementations
-in the same format (correctness.fp8.wrong) fail."""
+candidate (Hopper's GEMMs by mmaemu on a per-tensor recipe, the stand-in on MXFP8) is format-limited,
+every control fails the format bound, and the wrong implementations in the same format
+(correctness.fp8.wrong) fail. The Hopper GEMMs themselves: tests/test_fp8_hopper.py."""
 
 import sys
 import types
@@ -16,6 +17,7 @@ from correctness import LeverOptions
 from correctness.errors import PathUnavailable, RecipeError
 from correctness.fixtures import recipe_path
 from correctness.fp8 import lever as fp8
+from correctness.fp8.hopper import PROFILE_NOTE
 from correctness.fp8.inputs import draw_tensors
 from correctness.fp8.paths import (
     BLOCK_SCALE_TOWARD_SATURATION,
@@ -278,6 +280,8 @@ def test_cpu_tier_is_format_limited_and_every_control_fails_the_format_bound_on_
     assert {line.split(":")[0] for line in result.format.outside_rule} == {
         f"candidate{run} {name}" for run in ("", " (repeat)") for name in ("y", "dgrad", "wgrad")}
     summary = result.summary
+    assert summary["gemm"] == "mmaemu hopper-te" and summary["profile_note"] == PROFILE_NOTE
+    assert PROFILE_NOTE in result.candidate.run.backend
     for name, figures in summary["tensors"].items():
         assert figures["error_against_fp8_operands"] < 2e-3, name
         assert figures["error_over_format_bound"] < 1 < figures["error_over_bound"], name
@@ -300,6 +304,7 @@ def test_wrong_implementations_in_the_same_format_fail_where_the_honest_one_is_f
         lever, case, [lever.candidate, *(entry.build(lever.candidate) for entry in WRONG_IMPLEMENTATIONS)], repeat=False)
     assert honest.status == FORMAT_LIMITED, honest.failures
     assert [truncated.status, saturating.status] == [FAIL, FAIL]
+    assert "GEMM stand-in, not Hopper's arithmetic" in honest.candidate.run.backend  # mmaemu: per-tensor scales only
     assert TRUNCATED_CAST in truncated.candidate.run.backend
     assert truncated.format.systematic == ("y", "dgrad", "wgrad")
     assert any(finding.startswith("candidate y: systematic error") and "biased beyond the FP8 floor's rounding" in finding

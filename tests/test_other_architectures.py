@@ -58,8 +58,12 @@ def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
     # Attached, the entries name the controls that ran and those that applied to no case.
     copy = tmp_path / "copy" / recipe_path(recipe_id).name
     entries = yaml.safe_load(copy.read_text())["correctness"]["component_tests"]
-    (attention,) = [entry for entry in entries if entry["test"].startswith("torch SDPA's flash CPU kernel against")]
+    (attention,) = [entry for entry in entries if entry["test"].startswith("torch SDPA's flash CPU kernel against an eager")]
     assert "wrong softmax scale" in attention["detail"]
+    # The te-cpu tier: TE 2.17's own unfused attention as the default, on the same cases.
+    (by_te,) = [entry for entry in entries if entry["test"].startswith(
+        "torch SDPA's flash CPU kernel against Transformer Engine 2.17's own unfused attention")]
+    assert by_te["result"] == attention["result"] == "pass", (by_te, attention)
     if not summary_has_window(summary):
         assert re.search(r"\(window off by one, window one short.*: no case here they apply to\)", attention["detail"])
 

@@ -1,20 +1,26 @@
 """The rope-fusion lever (correctness/rope/): the FP64 reference against a complex rotation and
 autograd, Megatron's frequencies against the formula, the fused kernel's stand-in against the
-reference, the CPU tier end to end on a packed (THD) recipe, where the lever does not apply, and
-(on a GPU with TE) the stand-in against TE's kernel."""
+reference, the CPU tier end to end on a packed (THD) recipe, where the lever does not apply, the
+stand-in against TE 2.17's own unfused RoPE Python on the CPU (correctness.te_on_cpu), and (on a GPU
+with TE) the stand-in against TE's kernel."""
 
+import types
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
 
+from correctness import te_on_cpu
 from correctness.errors import PathUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.models import load_model
 from correctness.recipes import lever_recipe
 from correctness.rope import lever as rope
-from correctness.rope.paths import FusedRopeArithmetic, MegatronRope, RopeInputs, make_inputs, megatron_freqs
+from correctness.rope.paths import (
+    FusedRopeArithmetic, MegatronRope, RopeInputs, TeUnfusedRope, make_inputs, megatron_freqs, outputs,
+)
 from correctness.rope.shapes import rope_shape
 from references.rope import rope_angles, rope_backward, rope_forward
 
@@ -140,3 +146,125 @@ def test_fused_arithmetic_stands_in_for_tes_kernel(kind):
     for name, tensor in kernel.items():
         same = (stand_in[name] == tensor).double().mean()
         assert same > 0.999, (name, float(same))
+
+
+# --- the stand-in against TE 2.17's own unfused RoPE Python, on the CPU -------------------------------
+
+# The plugin skips these with te_on_cpu.unusable_reason() where TE's CPU copy cannot run (not
+# installed; a machine with a Transformer Engine of its own, where the GPU test runs instead).
+needs_te_on_cpu = pytest.mark.te_cpu
+ROTATED = ("q", "k", "dq", "dk")
+# Gemma-4-31B's two layer kinds at the smoke scale as the lever makes them (BSHD, rotate-half; the
+# global kind rotates a quarter of its head); the lever's THD layout (packed recipes) on the global
+# kind's geometry in uneven rows; and --rotary-interleaved, which no seed recipe gives, on both.
+TE_CASES = {
+    "gemma-sliding": ("sliding", {}),
+    "gemma-global-partial": ("global", {}),
+    "gemma-global-partial-thd": ("global", {"qkv_format": "thd", "first_position": 0, "rows": 3,
+                                            "boundaries": (0, 200, 512, 700)}),
+    "gemma-sliding-interleaved": ("sliding", {"interleaved": True}),
+    "gemma-global-partial-interleaved": ("global", {"interleaved": True}),
+}
+
+
+def _te_case_inputs(case: str) -> RopeInputs:
+    kind, changes = TE_CASES[case]
+    return _smoke_inputs(kind, **changes)
+
+
+def _disagreement(got: dict, want: dict) -> dict[str, float]:
+    """The fraction of elements that differ, per tensor that is not equal (empty: all equal)."""
+    assert got.keys() == want.keys()
+    fractions = {name: float((got[name] != want[name]).double().mean()) for name in want}
+    return {name: fraction for name, fraction in fractions.items() if fraction > 0}
+
+
+def _in_fp32(inputs: RopeInputs) -> RopeInputs:
+    return replace(inputs, **{name: getattr(inputs, name).float() for name in ("q", "k", "grad_q", "grad_k")})
+
+
+@needs_te_on_cpu
+@pytest.mark.parametrize("case", list(TE_CASES))
+def test_fused_arithmetic_is_tes_unfused_rope_in_fp32_bitwise(case):
+    """TE's unfused `_apply_rotary_pos_emb_base` computes `t * cos + _rotate_half(t) * sin` in t's
+    dtype with cos and sin cast to it: on FP32 inputs that is the stand-in's FP32 arithmetic, the
+    same torch operations in the same order (the backward by autograd is the transposed rotation
+    the stand-in writes out from fused_rope.cu). Held: equal in FP32, q, k, dq and dk and the
+    passed dims, on the lever's inputs upcast; and TE's FP32 results rounded once to BF16 equal to
+    the stand-in on the lever's BF16 inputs. Measured: bitwise on every case (0 elements differ)."""
+    inputs = _te_case_inputs(case)
+    fp32 = _in_fp32(inputs)
+    assert _disagreement(FusedRopeArithmetic().run(fp32).tensors, TeUnfusedRope().run(fp32).tensors) == {}
+    te = TeUnfusedRope(compute=torch.float32).run(inputs).tensors
+    assert te["q"].dtype == torch.bfloat16
+    assert _disagreement(FusedRopeArithmetic().run(inputs).tensors, te) == {}
+
+
+def _pair_scale(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Per rotary element, the larger magnitude of it and the element it is paired with."""
+    if interleaved:
+        partner = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        partner = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.maximum(x.abs(), partner.abs()).float()
+
+
+def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(torch.floor(torch.log2(x.clamp(min=2.0**-126))) - 7)
+
+
+@needs_te_on_cpu
+@pytest.mark.parametrize("case", list(TE_CASES))
+def test_tes_unfused_rope_in_bf16_is_megatrons_and_within_two_ulps_of_the_fused_arithmetic(case):
+    """At the recipe's precision TE's unfused arithmetic is not the kernel's: cos and sin are
+    rounded to BF16 before the products (rope.py: "cos/sin first then dtype conversion"), and each
+    product and the sum is rounded to BF16; the kernel rounds once from FP32. Held: TE's unfused
+    RoPE in BF16 equal to Megatron's unfused function (`--no-rope-fusion`, the lever's candidate:
+    the same torch code with mscale 1) on every tensor, forward and backward. Measured against
+    the stand-in: 22-39% of the rotated elements differ (more where the whole head rotates), each
+    by at most 2.0 BF16 ulps of the larger of the element and its pair partner (the products'
+    scale; a first-order bound from TE's four roundings is about 5)."""
+    inputs = _te_case_inputs(case)
+    te = TeUnfusedRope().run(inputs).tensors
+    assert _disagreement(MegatronRope(fused=False).run(inputs).tensors, te) == {}
+    stand_in = FusedRopeArithmetic().run(inputs).tensors
+    differ = _disagreement(stand_in, te)
+    assert set(differ) == set(ROTATED) and min(differ.values()) > 0.2, differ
+    scales = outputs(inputs.shape, inputs.q, inputs.k, inputs.grad_q, inputs.grad_k)
+    for name in ROTATED:
+        ulps = (stand_in[name].float() - te[name].float()).abs() / _bf16_ulp(_pair_scale(scales[name],
+                                                                                          inputs.shape.interleaved))
+        assert float(ulps.max()) <= 2.0, (name, float(ulps.max()))
+
+
+@needs_te_on_cpu
+@pytest.mark.parametrize("case", ["gemma-global-partial", "gemma-global-partial-thd", "gemma-sliding-interleaved"])
+def test_the_comparison_with_tes_unfused_rope_rejects_each_wrong_variant(case):
+    """The lever's own negative controls, each a wrong variant of the stand-in (rotate-half where
+    TE interleaves, and the reverse; the whole head rotated where the model rotates a quarter;
+    positions off by one; angles in BF16; packed rows run together), against TE's FP32 results:
+    each differs on q, k, dq and dk. Measured: 27% of the elements (angles in BF16, THD) to 99.9%."""
+    inputs = _te_case_inputs(case)
+    te = TeUnfusedRope(compute=torch.float32).run(inputs).tensors
+    applied = [control for control in rope.controls(FusedRopeArithmetic())
+               if control.why_inapplicable(types.SimpleNamespace(shape=inputs.shape)) is None]
+    assert len(applied) >= 3
+    for control in applied:
+        differ = _disagreement(control.path.run(inputs).tensors, te)
+        assert set(ROTATED) <= set(differ) and min(differ[name] for name in ROTATED) > 0.2, (control.name, differ)
+
+
+@needs_te_on_cpu
+@pytest.mark.parametrize("kind", ["sliding", "global"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_tes_rotary_embedding_makes_megatrons_frequencies(kind, interleaved):
+    """The frequencies every path takes (Megatron's RotaryEmbedding) equal TE's own
+    RotaryPositionEmbedding's for the kind's fraction and base, at the smoke rows' offset, in both
+    pairings' layouts (halves concatenated, or each angle repeated): bitwise."""
+    shape = gemma_shape(kind).with_changes(interleaved=interleaved)
+    with te_on_cpu.te_on_cpu() as te:
+        embedding = te.attention.rope.RotaryPositionEmbedding(
+            shape.head_dim, rotary_percent=shape.rotary_percent, rotary_base=shape.rotary_base, interleaved=interleaved)
+        freqs = embedding(shape.max_row, offset=shape.first_position)
+    assert torch.equal(freqs, megatron_freqs(shape, torch.device("cpu")))

@@ -3,6 +3,7 @@ numerics) and the FP64 reference, at a recipe's rank-local shapes.
 
 Tiers, each a Lever of its own:
 - "cpu": smoke scale on the CPU; torch SDPA's flash CPU kernel against the eager unfused path;
+- "te-cpu": the same candidate against TE 2.17's own unfused attention, its Python on the CPU;
 - "gpu": recipe scale on any CUDA GPU, without TE; each fused SDPA backend against the eager path,
   where torch's dispatch rules let it run (correctness.attention.combinations: flash is dropped at
   Gemma's masked and d512 layers, cuDNN's d512 cases are optional and skip with the rule);
@@ -274,6 +275,29 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation | 
             description=f"{what} against an eager unfused attention and an FP64 reference",
         )
     ]
+
+
+def te_cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    """Smoke scale on the CPU with Transformer Engine 2.17's own Python (correctness.te_on_cpu): the
+    CPU tier's candidate against TE's DotProductAttention forced to its unfused backend, the
+    reference recipe's own path (--attention-backend unfused). TE has no logit softcap on any
+    backend: a softcapped layer kind's cases are optional here and skip saying so."""
+    recipe = lever_recipe(recipe_id, options.recipe)
+    lever = attention_backend_lever(
+        recipe=recipe, tier=tiers.TE_CPU, scale=SMOKE_SCALE,
+        candidate=Sdpa("flash"), default=TransformerEngine("unfused", on_cpu=True), options=options,
+        description="torch SDPA's flash CPU kernel against Transformer Engine 2.17's own unfused attention (its Python"
+                    " on the CPU) and an FP64 reference",
+    )
+    return [replace(lever, cases=tuple(without_softcap(case) for case in lever.cases))]
+
+
+def without_softcap(case: Case) -> Case:
+    """A softcapped case made optional, with TE's reason; any other case as it is."""
+    if case.shape.softcap is None or not case.required:
+        return case
+    return replace(case, required=False, skip_reason=f"{case.shape.layer_kind} layers cap their logits (softcap"
+                   f" {case.shape.softcap:g}); Transformer Engine 2.17 has no softcap on any backend")
 
 
 def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

@@ -30,14 +30,14 @@ Model features, as TE 2.17 has them (read in its source at the v2.17 tag):
 """
 
 import contextlib
-import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from correctness.attention.inputs import AttentionInputs
+from correctness.environment import environment_set
 from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.lever import PathOutput
 
@@ -119,17 +119,11 @@ def fused_sub_backend(value: Any) -> str:
 
 @contextlib.contextmanager
 def backend_switches(values: Mapping[str, str], cache: dict) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in SWITCHES}
-    os.environ.update(values)
     cache["backend_selection_requires_update"] = True
     try:
-        yield
+        with environment_set({name: values[name] for name in SWITCHES}):
+            yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         cache["backend_selection_requires_update"] = True
 
 
@@ -143,9 +137,17 @@ def backend_that_ran(cache: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return "none", {}
 
 
+@contextlib.contextmanager
+def _real_te() -> Iterator[None]:
+    yield
+
+
 @dataclass(frozen=True)
 class TransformerEngine:
     backend: str  # "auto" or the backend forced: "fused", "flash", "unfused"
+    # TE 2.17's own Python on the CPU (correctness.te_on_cpu): the unfused backend runs, the fused
+    # ones are refused by backend selection (no compiled kernels there).
+    on_cpu: bool = False
 
     def __post_init__(self):
         if self.backend not in FORCED:
@@ -156,6 +158,15 @@ class TransformerEngine:
         return te_backend_name(self.backend)
 
     def run(self, inputs: AttentionInputs) -> PathOutput:
+        if not self.on_cpu:
+            return self._run(inputs)
+        from correctness.te_on_cpu import provenance, te_on_cpu
+
+        with te_on_cpu():
+            output = self._run(inputs)
+        return replace(output, details={**output.details, **provenance()})
+
+    def _run(self, inputs: AttentionInputs) -> PathOutput:
         shape = inputs.shape
         if shape.softcap is not None:
             raise PathUnavailable(
@@ -219,5 +230,5 @@ class TransformerEngine:
             backend=te_backend_name(ran) + (f" ({sub['fused_attention_backend']})" if ran == "fused" else ""),
             details={"requested": self.backend, "ran": ran, **sub, "mask_type": mask_type,
                      "window_size": list(window), **({"softmax_type": "learnable"} if sinks else {}),
-                     **te_versions()},
+                     **({} if self.on_cpu else te_versions())},
         )

@@ -22,7 +22,7 @@ strongest evidence of}, "numerics_arguments" (how many, with a lever or without)
 evidence}}], "uncovered": [{"argument", "reason", "no_lever"}] (`no_lever`: why it has none), "results":
 null or {"folder", "gpu_records", "cpu_records", "contradictions": [one line each]}}. Evidence is
 {"lever", "class" (gpu-run where a GPU record upgrades it), "declared" (the lever's class), "tier",
-"where", "what", "held_equal_by": null or {"test", "upstream", "needs_gpu"}, "gpu_run": null or
+"where", "what", "held_equal_by": [{"test", "upstream", "needs_gpu"}], "gpu_run": null or
 {"device", "date", "tier", "recipe", "verdict", "record"}}.
 """
 
@@ -72,11 +72,10 @@ def _gpu_run_json(run: GpuRun | None) -> dict | None:
 
 
 def standing_json(entry: Standing) -> dict:
-    held = entry.declared.held_equal_by
     return {
         "lever": entry.lever, "class": entry.klass, "declared": entry.declared.klass, "tier": entry.declared.tier,
         "where": entry.where, "what": entry.declared.what,
-        "held_equal_by": None if held is None else dataclasses.asdict(held), "gpu_run": _gpu_run_json(entry.gpu_run),
+        "held_equal_by": [dataclasses.asdict(held) for held in entry.declared.held_equal_by], "gpu_run": _gpu_run_json(entry.gpu_run),
     }
 
 
@@ -134,11 +133,10 @@ def wrapped_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: i
 def _evidence_text(entry: dict) -> str:
     """What a lever's evidence is, with the test that holds its stand-in to upstream and its GPU run."""
     text = entry["what"]
-    held = entry["held_equal_by"]
-    if held is not None:
+    for held in entry["held_equal_by"]:
         text += f"; held equal to {held['upstream']} by {held['test']}"
         text += " (needs a CUDA GPU)" if held["needs_gpu"] else ""
-    elif entry["declared"] == "stand-in":
+    if not entry["held_equal_by"] and entry["declared"] == "stand-in":
         text += "; no test holds it equal to upstream"
     run = entry["gpu_run"]
     if run is not None:

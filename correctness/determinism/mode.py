@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from correctness.environment import environment_set
 from correctness.errors import PathUnavailable
 from correctness.lever import Implementation, PathOutput
 
@@ -39,20 +40,6 @@ LATE_WORKSPACE = ("by this process around the call, where cuBLAS may have read t
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
 def determinism(deterministic: bool, device: torch.device) -> Iterator[dict[str, Any]]:
     """The switches of --deterministic-mode on (or all off) around a block; yields what was set."""
     env = {NVTE_SWITCH: "0" if deterministic else "1"}
@@ -60,7 +47,7 @@ def determinism(deterministic: bool, device: torch.device) -> Iterator[dict[str,
         env[CUBLAS_WORKSPACE] = CUBLAS_WORKSPACE_VALUE
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    with _environment(env):
+    with environment_set(env):
         torch.use_deterministic_algorithms(deterministic)
         torch.backends.cudnn.deterministic = deterministic
         if deterministic:

@@ -17,9 +17,12 @@ by default, with its --fp8-margin, --fp8-amax-history-len and --fp8-amax-compute
 that does not runs all four recipes in both formats (e4m3 and hybrid), at Megatron's defaults for
 the rest: what turning FP8 on would do.
 
-Tiers: `cpu`, torch's float8 dtypes with the GEMM's FP32 stand-in (correctness.fp8.paths), smoke
-scale; the recipe's GPU (`h100`/`h200` + `te`), TE's Linear under te.autocast at the recipe's scale,
-the negative controls being the emulation's mistakes run on the GPU.
+Tiers: `cpu`, torch's float8 dtypes, smoke scale, the GEMMs with Hopper's FP8 arithmetic where mmaemu models
+them (correctness.fp8.hopper: per-tensor scales, delayed and tensorwise; the H100 PCIe's arithmetic, the nearest
+chip mmaemu models to the recipes' H100 SXM / H200), the FP32 stand-in for blockwise and MXFP8
+(correctness.fp8.paths), the negative controls the stand-in's mistakes; the recipe's GPU (`h100`/`h200` +
+`te`), TE's Linear under te.autocast at the recipe's scale, the negative controls being the emulation's
+mistakes run on the GPU.
 
 FP8 fails the rule against BF16 by its format (E4M3's unit roundoff, 2^-4, is 32 times BF16's):
 the format floor (correctness.lever.FormatFloor) is the FP64 reference on the recipe's FP8
@@ -38,6 +41,7 @@ import torch
 
 from correctness import tiers
 from correctness.errors import RecipeError
+from correctness.fp8.hopper import HopperTeGemms
 from correctness.fp8.inputs import LinearInputs, amax_histories, draw_tensors
 from correctness.fp8.paths import MISTAKES, Bf16Linear, EmulatedFp8Linear, Fp64Linear, Fp64OnFp8Operands
 from correctness.fp8.scaling import AMAX_ALGOS, FORMATS, RECIPES, Fp8Config
@@ -49,7 +53,7 @@ from correctness.recipes import Recipe, lever_recipe
 from correctness.results import CaseResult
 
 NAME = "fp8"
-VERSION = 2  # 2: the FP8 format floor; E5M2 in the forward no longer a control (docs/levers/fp8.md)
+VERSION = 3  # 2: the FP8 format floor (docs/levers/fp8.md); 3: the CPU candidate's per-tensor GEMMs by mmaemu hopper-te
 SEEDS = (0,)
 DESCRIPTION = (
     "a linear layer's forward and backward in FP8 (TE's delayed, tensorwise, blockwise or MXFP8 scaling)"
@@ -261,7 +265,8 @@ def summarize(case: CaseResult) -> dict[str, Any]:
         "tensors": tensors, "worst_error_over_bound": worst.error_over_bound, "worst_tensor": worst.tensor,
         "least_error_over_bound": min(t.error_over_bound for t in candidate.values()),
         "controls": controls,
-        **{key: details[key] for key in ("operands", "scaled_mm_probe", "transformer_engine") if key in details},
+        **{key: details[key] for key in ("gemm", "mmaemu", "profile", "profile_note", "gemms", "hopper_gemms_not_run",
+                                         "operands", "scaled_mm_probe", "transformer_engine") if key in details},
     }
 
 
@@ -300,11 +305,12 @@ def fp8_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, 
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """torch's float8 dtypes and the FP32 GEMM stand-in on the CPU, at the smoke scale; the default is
-    torch's CPU BF16 matmul."""
+    """torch's float8 dtypes on the CPU, at the smoke scale, the GEMMs by mmaemu's hopper-te profile where the
+    recipe scales per tensor (correctness.fp8.hopper; unavailable without mmaemu), else the FP32 stand-in; the
+    default is torch's CPU BF16 matmul."""
     recipe = lever_recipe(recipe_id, options.recipe)
     return [fp8_lever(recipe, tier=tiers.CPU, scale="smoke", options=options,
-                      candidate=EmulatedFp8Linear(probe_scaled_mm=True))]
+                      candidate=EmulatedFp8Linear(probe_scaled_mm=True, gemms=HopperTeGemms()))]
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

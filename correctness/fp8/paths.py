@@ -1,5 +1,6 @@
-"""The paths of the FP8 lever on any device: the FP8 linear as TE's recipe quantises it (with the
-GEMM's named stand-in, correctness.fp8.scaling.fp8_gemm), its deliberate mistakes (the negative
+"""The paths of the FP8 lever on any device: the FP8 linear as TE's recipe quantises it (its GEMMs with
+Hopper's arithmetic where correctness.fp8.hopper models them, else the named FP32 stand-in,
+correctness.fp8.scaling.fp8_gemm), its deliberate mistakes (the negative
 controls, and the wrong implementations of correctness.fp8.wrong), the BF16 linear (the default),
 the FP64 reference, and FP64 on the recipe's FP8 operands: with FP64 outputs the secondary
 reference (which separates the quantisation from the GEMM's own rounding), with outputs rounded to
@@ -18,6 +19,7 @@ accumulation fusion writes it into the FP32 main_grad, else BF16 (--no-gradient-
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +37,7 @@ TIMES_SCALED = {SCALE_NOT_APPLIED: 0, SCALE_INV_TWICE: 2}  # the dequantisation 
 # Wrong implementations in the same format (correctness.fp8.wrong).
 TRUNCATED_CAST = "FP8 cast by truncation (toward zero) instead of round-to-nearest-even"
 BLOCK_SCALE_TOWARD_SATURATION = "power-of-two block scale rounded toward saturation (MXFP8: E8M0 down; blockwise: up)"
+GEMM_KINDS = {"y": "fprop", "dgrad": "dgrad", "wgrad": "wgrad"}
 PROBE_ROWS = 16  # the torch._scaled_mm probe: rows of each GEMM's first operand
 PROBE_COLUMNS = 32  # and of its second
 
@@ -147,28 +150,46 @@ def scaled_mm_probe(operands: Operands) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class EmulatedFp8Linear:
-    """The linear in FP8 as the config's TE recipe quantises it, in torch's float8 dtypes, the GEMMs
-    by the FP32 stand-in; `mistake` makes it a negative control."""
+    """The linear in FP8 as the config's TE recipe quantises it, in torch's float8 dtypes; `mistake` makes it a
+    negative control. The GEMMs: by `gemms` where it models the config (correctness.fp8.hopper.HopperTeGemms:
+    Hopper's arithmetic, per-tensor scales), else by the FP32 stand-in (scaling.fp8_gemm); the backend and the
+    details say which ran."""
 
     name: str = "fp8-emulated"
     mistake: str | None = None
     probe_scaled_mm: bool = False
+    gemms: Any = None  # HopperTeGemms or None
 
     def run(self, inputs: LinearInputs) -> PathOutput:
         started = time.perf_counter()
         operands = quantize_operands(inputs, self.mistake)
         dtypes = _out_dtypes(inputs)
         times = TIMES_SCALED.get(self.mistake, 1)
-        tensors = {name: fp8_gemm(a, b, dtypes[name], times_scaled=times) for name, (a, b) in operands.gemms().items()}
+        why_not = self.gemms.why_not(inputs.config) if self.gemms is not None else None
+        if self.gemms is not None and why_not is None:
+            tensors, gemm_details = self.gemms.run(inputs, operands.gemms(), dtypes, times)
+            split = [n for n in tensors if n in self.gemms.split_accumulator]
+            fast = [n for n in tensors if n not in self.gemms.split_accumulator]
+            gemm_label = (f"GEMMs by {gemm_details['gemm']} {gemm_details['mmaemu']}: {gemm_details['profile_note']}; "
+                          f"fast accumulation: {', '.join(GEMM_KINDS[n] for n in fast) or 'none'}, split accumulator: "
+                          f"{', '.join(GEMM_KINDS[n] for n in split) or 'none'}")
+        else:
+            tensors = {name: fp8_gemm(a, b, dtypes[name], times_scaled=times)
+                       for name, (a, b) in operands.gemms().items()}
+            gemm_details = {"gemm": "fp32-stand-in"}
+            gemm_label = "FP32-accumulating GEMM stand-in"
+            if why_not is not None:
+                gemm_details["hopper_gemms_not_run"] = why_not
+                gemm_label = f"{gemm_label}, not Hopper's arithmetic ({why_not})"
         details: dict[str, object] = {
-            "recipe": inputs.config.recipe, "format": inputs.config.format, "gemm": "fp32-stand-in",
+            "recipe": inputs.config.recipe, "format": inputs.config.format, **gemm_details,
             "operands": quantization_figures(operands), "gemm_seconds": round(time.perf_counter() - started, 4),
         }
         if self.probe_scaled_mm and inputs.x.device.type == "cpu":
             if "scaled_mm_probe" not in inputs.cache:
                 inputs.cache["scaled_mm_probe"] = scaled_mm_probe(operands)
             details["scaled_mm_probe"] = inputs.cache["scaled_mm_probe"]
-        backend = f"{self.name} ({inputs.config.id}, FP8 operands, FP32-accumulating GEMM stand-in)"
+        backend = f"{self.name} ({inputs.config.id}, FP8 operands, {gemm_label})"
         if self.mistake:
             backend = f"{backend} (mutated: {self.mistake})"
             details["mutation"] = self.mistake

@@ -1,7 +1,8 @@
 """Wrong FP8 implementations in the same format as the honest one, each a small declaration built
 on the lever's honest CPU path (correctness.fp8.paths.EmulatedFp8Linear with a quantisation
-mistake), to show what the format bound catches: run as candidates through the lever's CPU tier,
-each must come out `fail` where the honest one is `format-limited` (tests/test_fp8_lever.py; the
+mistake, its GEMMs the honest path's: Hopper's on per-tensor recipes, the stand-in on block-scaled
+ones), to show what the format bound catches: run as candidates through the lever's CPU tier, each
+must come out `fail` where the honest one is `format-limited` (tests/test_fp8_lever.py; the
 lead adds the tuple to correctness.wrong_implementations.CATALOGUE).
 
 - Truncation: the cast to E4M3/E5M2 rounds toward zero instead of to nearest even. Every element

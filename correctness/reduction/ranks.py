@@ -30,12 +30,12 @@ is returned as None (the parent reuses the first run's tensor: the same bits), t
 """
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from correctness.environment import environment_set
 from correctness.reduction.megatron_sync import grad_sync
 from correctness.reduction.plan import DTYPES, RANK_DROPPED, RankPath, ReductionPlan, digest, rank_gradients
 
@@ -60,19 +60,13 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @contextlib.contextmanager
 def path_settings(path: RankPath) -> Iterator[None]:
     """The path's environment and torch's deterministic-algorithms switch, restored after."""
-    saved_env = {name: os.environ.get(name) for name, _ in path.env}
     saved_deterministic = torch.are_deterministic_algorithms_enabled()
-    os.environ.update(dict(path.env))
     torch.use_deterministic_algorithms(path.deterministic)
     try:
-        yield
+        with environment_set(dict(path.env)):
+            yield
     finally:
         torch.use_deterministic_algorithms(saved_deterministic)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def reduce_on_ranks(rank: int, world_size: int, plan: ReductionPlan) -> dict[str, Any]:

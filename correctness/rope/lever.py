@@ -20,8 +20,10 @@ Tiers:
   path is the fused one; the unfused function against itself would be "no kernel change" and
   measure nothing the flag changes. What the CPU tier proves: Megatron's unfused RoPE, as
   installed, is within the rule of the fused kernel's arithmetic at the recipe's head geometry,
-  rotary fraction, base and layout; not TE's CUDA code (the GPU tier's, and
-  tests/test_rope_lever.py holds the stand-in against TE's kernel on a GPU).
+  rotary fraction, base and layout; not TE's CUDA code (the GPU tier's). tests/test_rope_lever.py
+  holds the stand-in against TE 2.17's own unfused RoPE Python on the CPU (`TeUnfusedRope` in FP32:
+  bitwise, forward and backward, in both layouts and pairings and at a rotary fraction below 1),
+  and against TE's kernel on a GPU.
 - the recipe's GPU with TE and megatron-core (`recipe_gpu_tier`, recipe scale): Megatron's unfused
   function on CUDA against Megatron's fused path, TE's FusedRoPEFunc.
 

@@ -1,5 +1,6 @@
 """The RoPE lever's inputs and paths: Megatron's `apply_rotary_pos_emb` (unfused, or fused through
-TE), a stand-in for TE 2.17's fused kernel's arithmetic on the CPU, and the FP64 references.
+TE), a stand-in for TE 2.17's fused kernel's arithmetic on the CPU, TE 2.17's own unfused RoPE
+(its Python on the CPU, correctness.te_on_cpu) that holds the stand-in, and the FP64 references.
 
 Inputs: q and k in Megatron's layout (BSHD [positions, rows, heads, head_dim], THD [tokens, heads,
 head_dim]), their upstream gradients, and the FP32 frequencies [positions, 1, 1, rotary dims] made
@@ -224,7 +225,9 @@ class FusedRopeArithmetic:
     applies the transposed rotation to the upstream gradient the same way. What differs from the
     CUDA kernel: torch's FP32 cos and sin on the CPU in place of CUDA's sincosf (each within an
     FP32 ulp or two), and the FP32 sum rounded after each product where nvcc may contract one
-    product into an FMA; both well below the BF16 rounding that follows."""
+    product into an FMA; both well below the BF16 rounding that follows. Held bitwise against TE's
+    own unfused RoPE in FP32 on the CPU (`TeUnfusedRope`), which is the same arithmetic in TE's
+    layout and pairing code; against the kernel itself only on a GPU."""
 
     name: str = "te217-fused-rope-arithmetic"
 
@@ -245,6 +248,47 @@ class FusedRopeArithmetic:
         return PathOutput(tensors=outputs(shape, q, k, dq, dk), backend=self.name, details={
             "stands_in_for": "TE 2.17 FusedRoPEFunc (transformer_engine/common/fused_rope/fused_rope.cu)",
             "arithmetic": "FP32 cos/sin of the FP32 frequencies, FP32 rotation, one rounding to the inputs' dtype",
+        })
+
+
+@dataclass(frozen=True)
+class TeUnfusedRope:
+    """TE 2.17's own unfused RoPE, `apply_rotary_pos_emb(..., fused=False)` (attention/rope.py), its
+    Python run on CPU tensors through correctness.te_on_cpu: q and k in Megatron's layouts (TE's
+    "sbhd"; "thd" with the cumulative lengths, where TE rotates each packed row from its own
+    position 0), Megatron's frequencies, the shape's pairing; the backward by autograd through TE's
+    torch code. `compute` is the dtype TE's code runs in. None, the inputs' own: TE's arithmetic at
+    the recipe's precision (`_apply_rotary_pos_emb_base`: cos and sin rounded to it, then each
+    product and the sum rounded to it, as Megatron's unfused function does). FP32: the inputs and
+    upstream gradients upcast (exactly), TE's rotation in FP32, the results rounded once to the
+    inputs' dtype: the fused kernel's arithmetic, in TE's own layout and pairing code."""
+
+    compute: torch.dtype | None = None
+
+    @property
+    def name(self) -> str:
+        computed = "" if self.compute is None else f"-in-{str(self.compute).removeprefix('torch.')}"
+        return f"te217-unfused-rope{computed}"
+
+    def run(self, inputs: RopeInputs) -> PathOutput:
+        if inputs.q.device.type != "cpu":
+            raise PathUnavailable("TE's unfused RoPE runs here through correctness.te_on_cpu, on CPU tensors only")
+        from correctness.te_on_cpu import provenance, te_on_cpu
+
+        shape = inputs.shape
+        computed, given = self.compute or inputs.q.dtype, inputs.q.dtype
+        tensor_format = "thd" if shape.qkv_format == "thd" else "sbhd"  # Megatron's BSHD is sequence first
+        with te_on_cpu():
+            from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+            q, k = (x.detach().to(computed).requires_grad_() for x in (inputs.q, inputs.k))
+            rotated = [apply_rotary_pos_emb(x, inputs.freqs, tensor_format=tensor_format, interleaved=shape.interleaved,
+                                            fused=False, cu_seqlens=inputs.cu_seqlens) for x in (q, k)]
+            torch.autograd.backward(rotated, [g.to(computed) for g in (inputs.grad_q, inputs.grad_k)])
+        results = (rotated[0].detach(), rotated[1].detach(), q.grad, k.grad)
+        return PathOutput(tensors=outputs(shape, *(x.to(given) for x in results)), backend=self.name, details={
+            "function": "transformer_engine.pytorch.attention.rope.apply_rotary_pos_emb (fused=False)",
+            "tensor_format": tensor_format, "computed_in": str(computed), **provenance(),
         })
 
 
