@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from correctness.commands.run import CPU_TIER
+from correctness.tiers import CPU_TIER
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")

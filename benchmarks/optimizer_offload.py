@@ -19,7 +19,7 @@ from pathlib import Path
 from correctness.harness import run_lever
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
-from correctness.optimizer.layout import PARAM_SCALES
+from correctness.megatron.layout import PARAM_SCALES
 from correctness.report import verdict_table
 from correctness.results import write_record
 

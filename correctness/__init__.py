@@ -4,7 +4,7 @@ The public API for declaring and running a lever:
 
     Lever, Tier, Case, Control, Invariant, Mutated, PathOutput, LeverOptions, RecipeRef, Slicing  (declarations)
     Rule, DEFAULT_RULE                                                  (the pass rule)
-    correctness.tiers: CPU, GPU, MEGATRON_CPU, MEGATRON_GPU, recipe_gpu_tier  (the suite's tiers)
+    correctness.tiers: CPU, GPU, MEGATRON_CPU, TE_CPU, MEGATRON_GPU, recipe_gpu_tier  (the suite's tiers)
     run_case, run_candidates, run_lever, write_record, read_record      (running, records)
 
 pytest users load `correctness.pytest_plugin` from their conftest.py.
@@ -13,8 +13,8 @@ pytest users load `correctness.pytest_plugin` from their conftest.py.
 from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.compare import Slicing
 from correctness.harness import run_candidates, run_case, run_lever
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, RecipeRef, Tier
-from correctness.results import read_record, write_record
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, Tier
+from correctness.results import RecipeRef, read_record, write_record
 from correctness.rule import DEFAULT_RULE, Rule
 
 __all__ = [

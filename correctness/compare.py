@@ -190,7 +190,8 @@ class SpreadAccumulator:
     pieces before the largest repeat is taken)."""
 
     runs: int = 1
-    _sums: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (tensor, repeat) -> [differing, diff_sq, first_sq, max_abs]
+    # (tensor, repeat) -> [differing elements, sum of squared differences, first run's sum of squares, max_abs]
+    _sums: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     _elements: dict[str, int] = field(default_factory=dict)
 
     def add(self, repeat: int, first: Mapping[str, torch.Tensor], again: Mapping[str, torch.Tensor]) -> None:
@@ -356,116 +357,45 @@ def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class TensorAccumulator:
-    """Running FP64 sums for one tensor whose pieces arrive in order along its first dimension."""
+class SliceAccumulator:
+    """Running FP64 sums per slice of one tensor, and its judgement slice by slice. Its pieces arrive
+    along leading dimensions (a batch row each), so each piece's slices follow the last's."""
 
-    name: str
-    rule: Rule
-    slicing: Slicing | None = None
-    pieces: int = 0
-    rows: int = 0
-    trailing: tuple[int, ...] = ()
-    scalar: bool = False
-    dtype: torch.dtype | None = None
-    reference_sq: float = 0.0
-    count: int = 0
+    slicing: Slicing
+    reference_sq: torch.Tensor | None = None
+    count: torch.Tensor | None = None
     judged: Moments | None = None
     default: Moments | None = None
-    slice_reference_sq: torch.Tensor | None = None
-    slice_count: torch.Tensor | None = None
-    slice_judged: Moments | None = None
-    slice_default: Moments | None = None
-    bitwise: bool = True
-    nonfinite: str | None = None
-    worst_distance: float = -1.0
-    worst: WorstElement | None = None
 
-    def add(
-        self, judged: torch.Tensor, default: torch.Tensor, reference: torch.Tensor, base: Baseline | None = None
-    ) -> None:
-        """Add the next piece; `base` is baseline(name, default, reference, ...) where the caller shares it."""
-        check_same_layout(self.name, judged, default, reference)
-        trailing = tuple(judged.shape[1:])
-        if self.pieces and (trailing != self.trailing or judged.dtype != self.dtype or judged.dim() == 0):
-            raise ComparisonError(
-                f"tensor {self.name}: piece {self.pieces} is {tuple(judged.shape)} {judged.dtype}, which does not"
-                f" continue [*, {', '.join(map(str, self.trailing))}] {self.dtype}"
-            )
-        sliced = self.slicing is not None and self.slicing.applies(judged)
-        if sliced and self.pieces and judged.dim() == 3:
-            raise ComparisonError(
-                f"tensor {self.name}: sliced by positions along its first dimension, so it cannot arrive in pieces"
-            )
-        offset = self.rows
-        base = base or baseline(self.name, default, reference, offset, self.slicing)
-        judged_error = judged.to(torch.float64) - base.reference
-        slice_judged = Moments.of(judged_error, base.reference, self.slicing.sums) if sliced else None
-        judged_moments = slice_judged.summed() if sliced else Moments.of(judged_error, base.reference, _whole)
-        judged_finite = math.isfinite(judged_moments.sq.item())
-        self.nonfinite = self.nonfinite or base.nonfinite
-        if not judged_finite:
-            self.nonfinite = self.nonfinite or nonfinite_report("judged", self.name, judged, offset)
-        first = not self.pieces
-        if first:
-            self.judged, self.default = judged_moments, Moments(**vars(base.default_moments))
+    def add(self, judged: Moments, base: Baseline) -> None:
+        """Add the next piece's slices: the judged error's sums, the reference's and the default's from `base`."""
+        if self.judged is None:
+            self.judged, self.default = judged, Moments(**vars(base.slice_default))
+            self.reference_sq, self.count = base.slice_reference_sq, base.slice_count
         else:
-            self.judged.add(judged_moments, concatenate=False)
-            self.default.add(base.default_moments, concatenate=False)
-        if sliced:
-            if first:
-                self.slice_judged, self.slice_default = slice_judged, Moments(**vars(base.slice_default))
-                self.slice_reference_sq, self.slice_count = base.slice_reference_sq, base.slice_count
-            else:  # pieces along leading dimensions: the slices of each piece follow the last's
-                self.slice_judged.add(slice_judged, concatenate=True)
-                self.slice_default.add(base.slice_default, concatenate=True)
-                self.slice_reference_sq = torch.cat((self.slice_reference_sq, base.slice_reference_sq))
-                self.slice_count = torch.cat((self.slice_count, base.slice_count))
-        self.reference_sq += base.reference_sq.item()
-        self.count += judged.numel()
-        self.bitwise = self.bitwise and bitwise_equal(judged, default)
-        distance = judged_error.abs_()
-        if not (judged_finite and base.nonfinite is None):
-            distance = torch.where(torch.isfinite(distance), distance, math.inf)
-        index = _unravel(int(torch.argmax(distance)), judged.shape)
-        if float(distance[index]) > self.worst_distance:
-            self.worst_distance = float(distance[index])
-            self.worst = WorstElement(
-                index=(index[0] + offset, *index[1:]) if index else (),
-                judged=float(judged[index]),
-                default=float(default[index]),
-                reference=float(reference[index]),
-            )
-        self.pieces += 1
-        self.rows += judged.shape[0] if judged.dim() else 0
-        self.trailing, self.dtype, self.scalar = trailing, judged.dtype, judged.dim() == 0
+            self.judged.add(judged, concatenate=True)
+            self.default.add(base.slice_default, concatenate=True)
+            self.reference_sq = torch.cat((self.reference_sq, base.slice_reference_sq))
+            self.count = torch.cat((self.count, base.slice_count))
 
-    def _slices(self) -> SliceComparison | None:
-        if self.slice_judged is None:
-            return None
+    def result(
+        self, rule: Rule, dtype: torch.dtype, whole_reference_sq: float, whole_count: int, positions: int
+    ) -> SliceComparison:
+        """The slices judged; `whole_reference_sq` and `whole_count` are the whole tensor's sums, `positions`
+        its length along the positions dimension."""
         # A slice's errors are relative to its reference's norm, or to the norm a slice of its size
         # has on average where its own is smaller: a slice whose reference is nearly zero (dq of
         # queries whose softmax is one-hot) would otherwise turn rounding noise into a huge error.
-        typical_sq = self.reference_sq * self.slice_count / max(self.count, 1)
-        reference_sq = torch.maximum(self.slice_reference_sq, typical_sq)
+        typical_sq = whole_reference_sq * self.count / max(whole_count, 1)
+        reference_sq = torch.maximum(self.reference_sq, typical_sq)
         ref_norm = reference_sq.sqrt()
-        error = _ratio(self.slice_judged.sq.sqrt(), ref_norm)
-        default_error = _ratio(self.slice_default.sq.sqrt(), ref_norm)
-        bound = self.rule.factor * default_error + self.rule.slack
+        error = _ratio(self.judged.sq.sqrt(), ref_norm)
+        default_error = _ratio(self.default.sq.sqrt(), ref_norm)
+        bound = rule.factor * default_error + rule.slack
         over = torch.where(bound > 0, error / torch.where(bound > 0, bound, 1.0), torch.where(error > 0, math.inf, 0.0))
         over = torch.where(torch.isnan(over), math.inf, over)
         worst = _unravel(int(torch.argmax(over)), over.shape)
-        positions = self.rows if len(self.trailing) == 2 else self.trailing[-3]
-        slope = _ratio(self.slice_judged.dot, reference_sq)
-        default_slope = _ratio(self.slice_default.dot, reference_sq)
-        rms_count = (reference_sq * self.slice_count).sqrt()
-        offset = _ratio(self.slice_judged.total, rms_count)
-        default_offset = _ratio(self.slice_default.total, rms_count)
-        floating = self.dtype if self.dtype.is_floating_point else torch.float32
-        rest = torch.nan_to_num(_rest(self.slice_judged, reference_sq, self.slice_count), nan=0.0, posinf=0.0)
-        slope_threshold = self.rule.systematic_threshold(default_slope, floating, rest, self.slice_count)
-        offset_threshold = self.rule.systematic_threshold(default_offset, floating, rest, self.slice_count)
-        systematic_over = torch.maximum(slope.abs() / slope_threshold, offset.abs() / offset_threshold)
-        systematic_over = torch.where(torch.isnan(systematic_over), math.inf, systematic_over)
+        systematic, systematic_over = self._systematic(rule, dtype, reference_sq)
         s_worst = _unravel(int(torch.argmax(systematic_over)), systematic_over.shape)
         return SliceComparison(
             scheme=self.slicing.describe(),
@@ -480,12 +410,122 @@ class TensorAccumulator:
             systematic_flagged=int((systematic_over > 1.0).sum()),
             systematic_worst=self.slicing.label(s_worst, positions),
             systematic=Systematic(
-                slope=float(slope[s_worst]), default_slope=float(default_slope[s_worst]),
-                slope_threshold=float(slope_threshold[s_worst]), offset=float(offset[s_worst]),
-                default_offset=float(default_offset[s_worst]), offset_threshold=float(offset_threshold[s_worst]),
+                **{figure: float(values[s_worst]) for figure, values in systematic.items()},
                 flagged=bool(systematic_over[s_worst] > 1.0),
             ),
         )
+
+    def _systematic(
+        self, rule: Rule, dtype: torch.dtype, reference_sq: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Every slice's Systematic figures (by field name) and the larger of its slope's and its
+        offset's ratio to their thresholds (NaN as infinite)."""
+        slope = _ratio(self.judged.dot, reference_sq)
+        default_slope = _ratio(self.default.dot, reference_sq)
+        rms_count = (reference_sq * self.count).sqrt()
+        offset = _ratio(self.judged.total, rms_count)
+        default_offset = _ratio(self.default.total, rms_count)
+        floating = dtype if dtype.is_floating_point else torch.float32
+        rest = torch.nan_to_num(_rest(self.judged, reference_sq, self.count), nan=0.0, posinf=0.0)
+        slope_threshold = rule.systematic_threshold(default_slope, floating, rest, self.count)
+        offset_threshold = rule.systematic_threshold(default_offset, floating, rest, self.count)
+        over = torch.maximum(slope.abs() / slope_threshold, offset.abs() / offset_threshold)
+        figures = {
+            "slope": slope, "default_slope": default_slope, "slope_threshold": slope_threshold,
+            "offset": offset, "default_offset": default_offset, "offset_threshold": offset_threshold,
+        }
+        return figures, torch.where(torch.isnan(over), math.inf, over)
+
+
+@dataclass
+class TensorAccumulator:
+    """Running FP64 sums for one tensor whose pieces arrive in order along its first dimension: the
+    whole tensor's layout, error sums and worst element; where the lever slices it, its slices' sums
+    in a SliceAccumulator."""
+
+    name: str
+    rule: Rule
+    slicing: Slicing | None = None
+    pieces: int = 0
+    rows: int = 0
+    trailing: tuple[int, ...] = ()
+    scalar: bool = False
+    dtype: torch.dtype | None = None
+    reference_sq: float = 0.0
+    count: int = 0
+    judged: Moments | None = None
+    default: Moments | None = None
+    slices: SliceAccumulator | None = None
+    bitwise: bool = True
+    nonfinite: str | None = None
+    worst_distance: float = -1.0
+    worst: WorstElement | None = None
+
+    def add(
+        self, judged: torch.Tensor, default: torch.Tensor, reference: torch.Tensor, base: Baseline | None = None
+    ) -> None:
+        """Add the next piece; `base` is baseline(name, default, reference, ...) where the caller shares it."""
+        check_same_layout(self.name, judged, default, reference)
+        sliced = self._check_piece(judged)
+        offset = self.rows
+        base = base or baseline(self.name, default, reference, offset, self.slicing)
+        judged_error = judged.to(torch.float64) - base.reference
+        slice_judged = Moments.of(judged_error, base.reference, self.slicing.sums) if sliced else None
+        judged_moments = slice_judged.summed() if sliced else Moments.of(judged_error, base.reference, _whole)
+        judged_finite = math.isfinite(judged_moments.sq.item())
+        self.nonfinite = self.nonfinite or base.nonfinite
+        if not judged_finite:
+            self.nonfinite = self.nonfinite or nonfinite_report("judged", self.name, judged, offset)
+        if self.pieces:
+            self.judged.add(judged_moments, concatenate=False)
+            self.default.add(base.default_moments, concatenate=False)
+        else:
+            self.judged, self.default = judged_moments, Moments(**vars(base.default_moments))
+        if sliced:
+            if self.slices is None:
+                self.slices = SliceAccumulator(slicing=self.slicing)
+            self.slices.add(slice_judged, base)
+        self.reference_sq += base.reference_sq.item()
+        self.count += judged.numel()
+        self.bitwise = self.bitwise and bitwise_equal(judged, default)
+        finite = judged_finite and base.nonfinite is None
+        self._track_worst(judged_error.abs_(), finite, judged, default, reference, offset)
+        self.pieces += 1
+        self.rows += judged.shape[0] if judged.dim() else 0
+        self.trailing, self.dtype, self.scalar = tuple(judged.shape[1:]), judged.dtype, judged.dim() == 0
+
+    def _check_piece(self, judged: torch.Tensor) -> bool:
+        """Raise unless a piece continues the pieces before it; whether it is judged by slices too."""
+        continues = tuple(judged.shape[1:]) == self.trailing and judged.dtype == self.dtype and judged.dim() > 0
+        if self.pieces and not continues:
+            raise ComparisonError(
+                f"tensor {self.name}: piece {self.pieces} is {tuple(judged.shape)} {judged.dtype}, which does not"
+                f" continue [*, {', '.join(map(str, self.trailing))}] {self.dtype}"
+            )
+        sliced = self.slicing is not None and self.slicing.applies(judged)
+        if sliced and self.pieces and judged.dim() == 3:
+            raise ComparisonError(
+                f"tensor {self.name}: sliced by positions along its first dimension, so it cannot arrive in pieces"
+            )
+        return sliced
+
+    def _track_worst(
+        self, distance: torch.Tensor, finite: bool, judged: torch.Tensor, default: torch.Tensor,
+        reference: torch.Tensor, offset: int,
+    ) -> None:
+        """Keep the element farthest from the reference so far (`distance`: |judged - reference| of
+        this piece; where anything is not `finite`, a non-finite distance counts as infinite)."""
+        if not finite:
+            distance = torch.where(torch.isfinite(distance), distance, math.inf)
+        index = _unravel(int(torch.argmax(distance)), judged.shape)
+        if float(distance[index]) > self.worst_distance:
+            self.worst_distance = float(distance[index])
+            self.worst = WorstElement(
+                index=(index[0] + offset, *index[1:]) if index else (),
+                judged=float(judged[index]),
+                default=float(default[index]),
+                reference=float(reference[index]),
+            )
 
     def result(self) -> TensorComparison:
         if not self.pieces:
@@ -502,7 +542,10 @@ class TensorAccumulator:
             (self.judged.dot.item() / slope_scale, bias), (self.default.dot.item() / slope_scale, default_bias),
             float(_rest(self.judged, self.reference_sq, self.count)) if scale > 0.0 else error, self.count,
         )
-        slices = self._slices()
+        slices = None
+        if self.slices is not None:
+            positions = self.rows if len(self.trailing) == 2 else self.trailing[-3]
+            slices = self.slices.result(self.rule, self.dtype, self.reference_sq, self.count, positions)
         return TensorComparison(
             tensor=self.name,
             shape=() if self.scalar else (self.rows, *self.trailing),

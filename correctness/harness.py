@@ -7,8 +7,8 @@ pass), and every applicable negative control (each must fail). A case with no ap
 fails: it would have no power. Where the rule asks for more runs (`rule.runs`), the candidate and
 the default run that often and their spreads are recorded; where it asks for bitwise
 repeatability, a candidate whose runs differ fails, and each control runs that often too (one
-that is not repeatable fails the rule, as a control must). Streamed inputs run unit by unit, every path on each unit, so only
-one unit's outputs are alive at a time.
+that is not repeatable fails the rule, as a control must). Streamed inputs run unit by unit, every
+path on each unit, so only one unit's outputs are alive at a time.
 
 A refusal (PathUnavailable) skips the case; any other exception, from making the inputs, a path
 or a comparison, fails it with the exception's message: a verdict is evidence or nothing. cuDNN's
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from correctness.compare import OutputsAccumulator, RunSpread, SpreadAccumulator, outputs_baselines
+from correctness.compare import Baseline, OutputsAccumulator, RunSpread, SpreadAccumulator, outputs_baselines
 from correctness.errors import PathUnavailable
 from correctness.lever import Case, Lever, Implementation, PathOutput, Streamed, runs_backend
 from correctness.provenance import provenance
@@ -289,7 +289,8 @@ def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...], baselin
         if whole.flagged:
             where, figures = "whole", whole
         else:
-            where, figures = f"slice {t.slices.systematic_worst} ({t.slices.systematic_flagged} flagged)", t.slices.systematic
+            where = f"slice {t.slices.systematic_worst} ({t.slices.systematic_flagged} flagged)"
+            figures = t.slices.systematic
         failures.append(
             f"candidate {t.tensor}: systematic error ({where}): slope {figures.slope:+.2e} (threshold"
             f" {figures.slope_threshold:.2e}, {baseline} {figures.default_slope:+.2e}), offset {figures.offset:+.2e}"
@@ -346,7 +347,8 @@ def _format_result(
                      for line in _systematic_failures(against_floor, biased, "floor")]
         findings += [
             f"negative control '{control.name}' is within the {format_name} format bound (largest error/bound"
-            f" {control.power:.2f}, {control.judgement.worst.tensor}): the format bound cannot tell it from the candidate"
+            f" {control.power:.2f}, {control.judgement.worst.tensor}): the format bound cannot tell it from the"
+            " candidate"
             for control in format_controls if not control.fails
         ]
     return FormatResult(
@@ -384,7 +386,8 @@ def run_case(lever: Lever, case: Case, *, strict_systematic: bool = False) -> Ca
 
 
 def run_candidates(
-    lever: Lever, case: Case, candidates: Sequence[Implementation], *, strict_systematic: bool = False, repeat: bool = True
+    lever: Lever, case: Case, candidates: Sequence[Implementation], *, strict_systematic: bool = False,
+    repeat: bool = True,
 ) -> tuple[CaseResult, ...]:
     """Judge several candidates on one case, computing the inputs, the reference, the default, its
     repeat and the lever's controls once: one CaseResult per candidate, in order, each as
@@ -443,120 +446,185 @@ class _Candidate:
         return self.skip_reason is None and self.error is None
 
 
+@dataclass
+class _ControlRuns:
+    """One applicable negative control's runs: judged, its repeats' spread, and (levers with a format
+    floor) its first run against the floor."""
+
+    judged: _Judged
+    spread: SpreadAccumulator = field(default_factory=SpreadAccumulator)
+    against_floor: OutputsAccumulator | None = None
+
+
+@dataclass
+class _UnitBaselines:
+    """What a unit's judged outputs are compared with: the reference's and the default's outputs and
+    their shared baselines, and the format floor's outputs and baselines (None: no floor)."""
+
+    reference: Mapping[str, torch.Tensor]
+    default: Mapping[str, torch.Tensor]
+    shared: dict[str, Baseline]
+    floor: Mapping[str, torch.Tensor] | None = None
+    floor_shared: dict[str, Baseline] | None = None
+
+    def compare(self, comparisons: OutputsAccumulator, judged: Mapping[str, torch.Tensor]) -> None:
+        comparisons.add(judged, self.default, self.reference, self.shared)
+
+    def compare_with_floor(self, comparisons: OutputsAccumulator | None, judged: Mapping[str, torch.Tensor]) -> None:
+        if self.floor is not None:
+            comparisons.add(judged, self.floor, self.reference, self.floor_shared)
+
+
+class _CaseSchedule:
+    """The per-unit schedule of one case: every path's runs on each unit, in order (the candidates'
+    first runs, the reference, the default, the format floor, each candidate's repeats and secondary
+    references, the default's repeats, the controls), accumulated into their judgements."""
+
+    def __init__(self, lever: Lever, case: Case, candidates: tuple[Implementation, ...], repeat: bool):
+        self.lever, self.repeat, self.several = lever, repeat, len(candidates) > 1
+        self.device = torch.device(lever.tier.device)
+        self.reference = _Runs(path=lever.reference, device=self.device, role="reference")
+        self.default = _Runs(path=lever.default, device=self.device, role="default")
+        self.default_repeat = self._judged(lever.default, "default (repeat)")
+        self.default_invariants = _Invariants(role="the default")
+        self.default_spread = SpreadAccumulator()
+        floor = lever.format_floor
+        self.floor = self._judged(floor.path, f"format floor ({floor.format})") if floor else None
+        self.candidates = [self._candidate(path) for path in candidates]
+        self.applicable = {control.name: control.why_inapplicable(case) for control in lever.controls}
+        self.controls = {
+            control.name: _ControlRuns(
+                judged=self._judged(control.path, f"control '{control.name}'"),
+                against_floor=self._accumulator() if floor else None,
+            )
+            for control in lever.controls
+            if self.applicable[control.name] is None
+        }
+
+    def _accumulator(self) -> OutputsAccumulator:
+        return OutputsAccumulator(rule=self.lever.rule, slicing=self.lever.slicing)
+
+    def _judged(self, path: Implementation, role: str) -> _Judged:
+        return _Judged(runs=_Runs(path=path, device=self.device, role=role), comparisons=self._accumulator())
+
+    def _candidate(self, path: Implementation) -> _Candidate:
+        role = f"candidate {path.name}" if self.several else "candidate"
+        with_floor = self.floor is not None
+        return _Candidate(
+            first=self._judged(path, "candidate"),
+            repeat=self._judged(path, "candidate (repeat)"),
+            secondary=[self._judged(extra, "secondary reference") for extra in self.lever.secondary_references],
+            invariants=_Invariants(role=role),
+            repeat_invariants=_Invariants(role=f"{role} (repeat)"),
+            format_first=self._accumulator() if with_floor else None,
+            format_repeat=self._accumulator() if with_floor else None,
+        )
+
+    def run_unit(self, unit: Any) -> bool:
+        """Run every path on one unit; False where no candidate ran on it (each refused or raised)."""
+        firsts = self._candidates_first(unit)
+        if not firsts:
+            return False
+        offsets = self.candidates[min(firsts)].first.comparisons.offsets()
+        baselines = self._baselines(unit, offsets)
+        for index, first in firsts.items():
+            self._judge_candidate(self.candidates[index], unit, first.tensors, baselines)
+        del firsts
+        for again in range(1, self.lever.rule.runs):
+            repeated = self.default_repeat.runs.run(unit).tensors
+            if again == 1:
+                baselines.compare(self.default_repeat.comparisons, repeated)
+            self.default_spread.add(again, baselines.default, repeated)
+        control_runs = self.lever.rule.runs if self.lever.rule.bitwise_repeatable else 1
+        for control in self.controls.values():
+            control_first = control.judged.runs.run(unit).tensors
+            baselines.compare(control.judged.comparisons, control_first)
+            baselines.compare_with_floor(control.against_floor, control_first)
+            for again in range(1, control_runs):
+                control.spread.add(again, control_first, control.judged.runs.run(unit).tensors)
+        return True
+
+    @contextlib.contextmanager
+    def _failing_alone(self, candidate: _Candidate) -> Iterator[None]:
+        """Where several candidates are judged, one that raises fails alone and the others go on;
+        where one is, or the device is left in an error state, the case fails."""
+        try:
+            yield
+        except _PathError as path_error:
+            if not self.several or isinstance(path_error, _DeviceFault):
+                raise
+            candidate.error = str(path_error)
+
+    def _candidates_first(self, unit: Any) -> dict[int, PathOutput]:
+        """Every active candidate's first run on the unit, before any other path: a refusal costs nothing else."""
+        firsts = {}
+        for index, candidate in enumerate(self.candidates):
+            if not candidate.active:
+                continue
+            try:
+                with self._failing_alone(candidate):
+                    firsts[index] = candidate.first.runs.run(unit)
+            except PathUnavailable as unavailable:
+                candidate.skip_reason = str(unavailable)
+        return firsts
+
+    def _baselines(self, unit: Any, offsets: Mapping[str, int]) -> _UnitBaselines:
+        """The reference's, the default's and the format floor's runs on the unit; the default's
+        invariants checked and the floor judged."""
+        reference, default = self.reference.run(unit).tensors, self.default.run(unit).tensors
+        self.default_invariants.check(self.lever, unit, default)
+        baselines = _UnitBaselines(
+            reference=reference, default=default,
+            shared=outputs_baselines(default, reference, offsets, self.lever.slicing),
+        )
+        if self.floor is not None:
+            baselines.floor = self.floor.runs.run(unit).tensors
+            baselines.compare(self.floor.comparisons, baselines.floor)
+            baselines.floor_shared = outputs_baselines(baselines.floor, reference, offsets, self.lever.slicing)
+        return baselines
+
+    def _judge_candidate(
+        self, candidate: _Candidate, unit: Any, first: Mapping[str, torch.Tensor], baselines: _UnitBaselines
+    ) -> None:
+        """A candidate's first run judged, its repeats run and judged, its secondary references run."""
+        baselines.compare(candidate.first.comparisons, first)
+        baselines.compare_with_floor(candidate.format_first, first)
+        candidate.invariants.check(self.lever, unit, first)
+        if self.repeat:
+            with self._failing_alone(candidate):
+                self._repeat_candidate(candidate, unit, first, baselines)
+            if not candidate.active:
+                return
+        for extra in candidate.secondary:
+            extra.comparisons.add(first, baselines.default, extra.runs.run(unit).tensors)
+
+    def _repeat_candidate(
+        self, candidate: _Candidate, unit: Any, first: Mapping[str, torch.Tensor], baselines: _UnitBaselines
+    ) -> None:
+        """The candidate's repeat, judged, and the rule's further runs, each against its first run."""
+        second = candidate.repeat.runs.run(unit).tensors
+        baselines.compare(candidate.repeat.comparisons, second)
+        baselines.compare_with_floor(candidate.format_repeat, second)
+        candidate.repeat_invariants.check(self.lever, unit, second)
+        candidate.spread.add(1, first, second)
+        del second
+        for again in range(2, self.lever.rule.runs):
+            candidate.spread.add(again, first, candidate.repeat.runs.run(unit).tensors)
+
+
 def _run_candidates(
     lever: Lever, case: Case, candidates: tuple[Implementation, ...], strict_systematic: bool, repeat: bool
 ) -> tuple[CaseResult, ...]:
     started = time.perf_counter()
     if case.skip_reason:
         return tuple(_not_judged(case, started, skip_reason=case.skip_reason) for _ in candidates)
-    device = torch.device(lever.tier.device)
-
-    def judged(path: Implementation, role: str) -> _Judged:
-        return _Judged(
-            runs=_Runs(path=path, device=device, role=role),
-            comparisons=OutputsAccumulator(rule=lever.rule, slicing=lever.slicing),
-        )
-
-    several = len(candidates) > 1
-    reference = _Runs(path=lever.reference, device=device, role="reference")
-    default = _Runs(path=lever.default, device=device, role="default")
-    judged_candidates = [
-        _Candidate(
-            first=judged(path, "candidate"),
-            repeat=judged(path, "candidate (repeat)"),
-            secondary=[judged(extra, "secondary reference") for extra in lever.secondary_references],
-            invariants=_Invariants(role=f"candidate {path.name}" if several else "candidate"),
-            repeat_invariants=_Invariants(role=f"candidate {path.name} (repeat)" if several else "candidate (repeat)"),
-        )
-        for path in candidates
-    ]
-    default_repeat = judged(lever.default, "default (repeat)")
-    floor = lever.format_floor
-    floor_judged = judged(floor.path, f"format floor ({floor.format})") if floor else None
-    if floor:
-        for candidate in judged_candidates:
-            candidate.format_first = OutputsAccumulator(rule=lever.rule, slicing=lever.slicing)
-            candidate.format_repeat = OutputsAccumulator(rule=lever.rule, slicing=lever.slicing)
-    applicable = {control.name: control.why_inapplicable(case) for control in lever.controls}
-    controls = {
-        control.name: judged(control.path, f"control '{control.name}'")
-        for control in lever.controls
-        if applicable[control.name] is None
-    }
-    default_invariants = _Invariants(role="the default")
-    default_spread = SpreadAccumulator()
-    control_spreads = {name: SpreadAccumulator() for name in controls}
-    control_formats = {name: OutputsAccumulator(rule=lever.rule, slicing=lever.slicing) for name in controls} if floor else {}
+    schedule = _CaseSchedule(lever, case, candidates, repeat)
     error: str | None = None
     try:
-        inputs = case.make_inputs(device)
+        inputs = case.make_inputs(schedule.device)
         for unit in inputs.units if isinstance(inputs, Streamed) else (inputs,):
-            firsts = {}
-            for index, candidate in enumerate(judged_candidates):  # first: a refusal costs nothing else
-                if candidate.active:
-                    try:
-                        firsts[index] = candidate.first.runs.run(unit)
-                    except PathUnavailable as unavailable:
-                        candidate.skip_reason = str(unavailable)
-                    except _PathError as path_error:
-                        if not several or isinstance(path_error, _DeviceFault):
-                            raise
-                        candidate.error = str(path_error)
-            if not firsts:
+            if not schedule.run_unit(unit):
                 break
-            reference_out, default_out = reference.run(unit), default.run(unit)
-            default_invariants.check(lever, unit, default_out.tensors)
-            offsets = judged_candidates[min(firsts)].first.comparisons.offsets()
-            shared = outputs_baselines(default_out.tensors, reference_out.tensors, offsets, lever.slicing)
-            floor_out = floor_shared = None
-            if floor_judged is not None:
-                floor_out = floor_judged.runs.run(unit).tensors
-                floor_judged.comparisons.add(floor_out, default_out.tensors, reference_out.tensors, shared)
-                floor_shared = outputs_baselines(floor_out, reference_out.tensors, offsets, lever.slicing)
-            for index, first in firsts.items():
-                candidate = judged_candidates[index]
-                candidate.first.comparisons.add(first.tensors, default_out.tensors, reference_out.tensors, shared)
-                if floor_out is not None:
-                    candidate.format_first.add(first.tensors, floor_out, reference_out.tensors, floor_shared)
-                candidate.invariants.check(lever, unit, first.tensors)
-                if repeat:
-                    try:
-                        second = candidate.repeat.runs.run(unit)
-                    except _PathError as path_error:
-                        if not several or isinstance(path_error, _DeviceFault):
-                            raise
-                        candidate.error = str(path_error)
-                        continue
-                    candidate.repeat.comparisons.add(second.tensors, default_out.tensors, reference_out.tensors, shared)
-                    if floor_out is not None:
-                        candidate.format_repeat.add(second.tensors, floor_out, reference_out.tensors, floor_shared)
-                    candidate.repeat_invariants.check(lever, unit, second.tensors)
-                    candidate.spread.add(1, first.tensors, second.tensors)
-                    del second
-                    try:
-                        for again in range(2, lever.rule.runs):
-                            candidate.spread.add(again, first.tensors, candidate.repeat.runs.run(unit).tensors)
-                    except _PathError as path_error:
-                        if not several or isinstance(path_error, _DeviceFault):
-                            raise
-                        candidate.error = str(path_error)
-                        continue
-                for extra in candidate.secondary:
-                    extra.comparisons.add(first.tensors, default_out.tensors, extra.runs.run(unit).tensors)
-            del firsts
-            for again in range(1, lever.rule.runs):
-                repeated = default_repeat.runs.run(unit).tensors
-                if again == 1:
-                    default_repeat.comparisons.add(repeated, default_out.tensors, reference_out.tensors, shared)
-                default_spread.add(again, default_out.tensors, repeated)
-            for name, control in controls.items():
-                control_first = control.runs.run(unit).tensors
-                control.comparisons.add(control_first, default_out.tensors, reference_out.tensors, shared)
-                if floor_out is not None:
-                    control_formats[name].add(control_first, floor_out, reference_out.tensors, floor_shared)
-                for again in range(1, lever.rule.runs if lever.rule.bitwise_repeatable else 1):
-                    control_spreads[name].add(again, control_first, control.runs.run(unit).tensors)
-            del floor_out, floor_shared
     except PathUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
         return tuple(_not_judged(case, started, skip_reason=str(unavailable)) for _ in candidates)
     except _PathError as path_error:
@@ -565,95 +633,158 @@ def _run_candidates(
         error = f"{type(other).__name__}: {other}"
     if error is not None:
         return tuple(_not_judged(case, started, error=error) for _ in candidates)
-    if not any(candidate.active for candidate in judged_candidates):
-        return tuple(_not_judged(case, started, skip_reason=c.skip_reason, error=c.error) for c in judged_candidates)
+    return _decide(schedule, case, strict_systematic, started)
 
+
+@dataclass(frozen=True)
+class _CaseFindings:
+    """What the decisions of a case's candidates share: the controls' results, the default's repeat
+    (the positive control), and the failures that belong to the case, not to a candidate."""
+
+    controls: tuple[ControlResult, ...]
+    default_repeat: Judgement
+    failures: list[str]
+
+
+def _case_findings(schedule: _CaseSchedule) -> _CaseFindings:
+    lever, controls = schedule.lever, schedule.controls
     control_results = tuple(
         ControlResult(
             name=control.name,
-            inapplicable_reason=applicable[control.name],
-            judgement=controls[control.name].judgement() if control.name in controls else None,
-            spread=(control_spreads[control.name].spreads()
+            inapplicable_reason=schedule.applicable[control.name],
+            judgement=controls[control.name].judged.judgement() if control.name in controls else None,
+            spread=(controls[control.name].spread.spreads()
                     if control.name in controls and lever.rule.bitwise_repeatable else None),
         )
         for control in lever.controls
     )
-    default_repeat_judgement = default_repeat.judgement()
-    shared_failures = _judgement_failures("positive control (default repeated)", default_repeat_judgement)
-    shared_failures += default_invariants.failures()
+    default_repeat = schedule.default_repeat.judgement()
+    failures = _judgement_failures("positive control (default repeated)", default_repeat)
+    failures += schedule.default_invariants.failures()
     for control in control_results:
         if control.judgement is not None and not control.fails:
             worst = control.judgement.worst
-            repeatable = f", and is bitwise repeatable over {lever.rule.runs} runs" if lever.rule.bitwise_repeatable else ""
-            shared_failures.append(
-                f"negative control '{control.name}' passes the bound on every tensor and slice"
-                f" (largest error/bound {worst.error_over_bound:.2f}, {worst.tensor}){repeatable}: no power on this case"
+            repeatable = (f", and is bitwise repeatable over {lever.rule.runs} runs"
+                          if lever.rule.bitwise_repeatable else "")
+            failures.append(
+                f"negative control '{control.name}' passes the bound on every tensor and slice (largest error/bound"
+                f" {worst.error_over_bound:.2f}, {worst.tensor}){repeatable}: no power on this case"
             )
     if all(control.judgement is None for control in control_results):
-        shared_failures.append("no negative control applies to this case, so it could not fail")
+        failures.append("no negative control applies to this case, so it could not fail")
+    return _CaseFindings(controls=control_results, default_repeat=default_repeat, failures=failures)
+
+
+def _decide(schedule: _CaseSchedule, case: Case, strict_systematic: bool, started: float) -> tuple[CaseResult, ...]:
+    """The decision step: each candidate's CaseResult from what the schedule accumulated."""
+    if not any(candidate.active for candidate in schedule.candidates):
+        return tuple(_not_judged(case, started, skip_reason=c.skip_reason, error=c.error) for c in schedule.candidates)
+    findings = _case_findings(schedule)
     results = []
-    for candidate in judged_candidates:
+    for candidate in schedule.candidates:
         if not candidate.active:
             results.append(_not_judged(case, started, skip_reason=candidate.skip_reason, error=candidate.error))
             continue
-        candidate_judgement = candidate.first.judgement()
-        repeat_judgement = candidate.repeat.judgement() if repeat else None
+        result = _decide_candidate(schedule, case, candidate, findings, strict_systematic, started)
+        summarize = schedule.lever.summarize
+        results.append(replace(result, summary=dict(summarize(result))) if summarize else result)
+    return tuple(results)
+
+
+@dataclass(frozen=True)
+class _CandidateJudgements:
+    """A candidate's judgements on a case: its first run, its repeat (None where it runs once), the
+    secondary references' and its runs' spread, and the tensors whose systematic error is its own."""
+
+    first: Judgement
+    repeat: Judgement | None
+    secondary: tuple[Judgement, ...]
+    spread: tuple[RunSpread, ...]
+    systematic: tuple[str, ...]
+
+    @staticmethod
+    def of(candidate: _Candidate, repeat: bool) -> "_CandidateJudgements":
+        first = candidate.first.judgement()
+        repeated = candidate.repeat.judgement() if repeat else None
         secondary = tuple(extra.judgement() for extra in candidate.secondary)
-        outside_rule = _judgement_failures("candidate", candidate_judgement)
-        if repeat_judgement is not None:
-            outside_rule += _judgement_failures("candidate (repeat)", repeat_judgement)
-        failures = candidate.invariants.failures() + candidate.repeat_invariants.failures()
-        candidate_spread = candidate.spread.spreads()
-        if lever.rule.bitwise_repeatable and repeat:
-            failures += [_spread_failure("candidate", spread) for spread in candidate_spread]
-        failures += shared_failures
-        kernel_failures, same_kernel = _kernel_failures(lever, case, candidate_judgement, default.record())
-        failures += kernel_failures
-        flagged = systematic_tensors(candidate_judgement, secondary)
-        if strict_systematic and floor_judged is None:
-            failures += _systematic_failures(candidate_judgement, flagged)
-        format_result = None
-        if floor_judged is not None:
-            format_result = _format_result(
-                floor.format, floor.roundings, floor_judged.judgement(), candidate, repeat,
-                [candidate_judgement] + ([repeat_judgement] if repeat_judgement is not None else []),
-                {name: Judgement(run=controls[name].runs.record(), tensors=acc.results())
-                 for name, acc in control_formats.items()},
-                outside_rule if not failures else [],
-            )
-        if strict_systematic and format_result is not None and not outside_rule:
+        return _CandidateJudgements(
+            first=first, repeat=repeated, secondary=secondary, spread=candidate.spread.spreads(),
+            systematic=systematic_tensors(first, secondary),
+        )
+
+    @property
+    def runs(self) -> list[Judgement]:
+        return [self.first] + ([self.repeat] if self.repeat is not None else [])
+
+
+def _decide_candidate(
+    schedule: _CaseSchedule, case: Case, candidate: _Candidate, findings: _CaseFindings, strict_systematic: bool,
+    started: float,
+) -> CaseResult:
+    """One candidate's verdict: outside the rule, failing for another reason, format-limited (outside
+    the rule only as far as its format's floor is), running the default's own kernel, or passing."""
+    lever = schedule.lever
+    judged = _CandidateJudgements.of(candidate, schedule.repeat)
+    outside_rule = _judgement_failures("candidate", judged.first)
+    if judged.repeat is not None:
+        outside_rule += _judgement_failures("candidate (repeat)", judged.repeat)
+    failures = candidate.invariants.failures() + candidate.repeat_invariants.failures()
+    if lever.rule.bitwise_repeatable and schedule.repeat:
+        failures += [_spread_failure("candidate", spread) for spread in judged.spread]
+    failures += findings.failures
+    kernel_failures, same_kernel = _kernel_failures(lever, case, judged.first, schedule.default.record())
+    failures += kernel_failures
+    format_result = None
+    if schedule.floor is None and strict_systematic:
+        failures += _systematic_failures(judged.first, judged.systematic)
+    elif schedule.floor is not None:
+        format_result = _candidate_format(schedule, candidate, judged, outside_rule if not failures else [])
+        if strict_systematic and not outside_rule:
             # A narrower format's rounding biases what it computes (BF16 moments shrink): strict
             # systematic checks judge a candidate with a floor against the floor's own bias.
             failures += _systematic_failures(format_result.candidate, format_result.systematic, "floor")
-        limited = bool(outside_rule) and format_result is not None and not failures and not format_result.findings
-        if outside_rule and not limited:
-            failures = outside_rule + failures + (list(format_result.findings) if format_result else [])
-        result = CaseResult(
-            **_identity(case),
-            status=FAIL if failures else (FORMAT_LIMITED if limited else NO_KERNEL_CHANGE if same_kernel else PASS),
-            skip_reason=None,
-            failures=tuple(failures),
-            reference=reference.record(),
-            default=default.record(),
-            candidate=candidate_judgement,
-            candidate_repeat=repeat_judgement,
-            deterministic=not candidate_spread if repeat else None,
-            nondeterministic_tensors=tuple(spread.tensor for spread in candidate_spread),
-            runs=lever.rule.runs if repeat else 1,
-            candidate_spread=candidate_spread,
-            default_spread=default_spread.spreads(),
-            default_repeat=default_repeat_judgement,
-            controls=control_results,
-            secondary=secondary,
-            invariants=tuple(invariant.name for invariant in lever.invariants),
-            systematic=flagged,
-            resolution=_resolution(candidate_judgement),
-            summary={},
-            seconds=time.perf_counter() - started,
-            format=format_result,
-        )
-        results.append(replace(result, summary=dict(lever.summarize(result))) if lever.summarize else result)
-    return tuple(results)
+    limited = bool(outside_rule) and format_result is not None and not failures and not format_result.findings
+    if outside_rule and not limited:
+        failures = outside_rule + failures + (list(format_result.findings) if format_result else [])
+    status = FAIL if failures else (FORMAT_LIMITED if limited else NO_KERNEL_CHANGE if same_kernel else PASS)
+    return CaseResult(
+        **_identity(case),
+        status=status,
+        skip_reason=None,
+        failures=tuple(failures),
+        reference=schedule.reference.record(),
+        default=schedule.default.record(),
+        candidate=judged.first,
+        candidate_repeat=judged.repeat,
+        deterministic=not judged.spread if schedule.repeat else None,
+        nondeterministic_tensors=tuple(spread.tensor for spread in judged.spread),
+        runs=lever.rule.runs if schedule.repeat else 1,
+        candidate_spread=judged.spread,
+        default_spread=schedule.default_spread.spreads(),
+        default_repeat=findings.default_repeat,
+        controls=findings.controls,
+        secondary=judged.secondary,
+        invariants=tuple(invariant.name for invariant in lever.invariants),
+        systematic=judged.systematic,
+        resolution=_resolution(judged.first),
+        summary={},
+        seconds=time.perf_counter() - started,
+        format=format_result,
+    )
+
+
+def _candidate_format(
+    schedule: _CaseSchedule, candidate: _Candidate, judged: _CandidateJudgements, outside_rule: list[str]
+) -> FormatResult:
+    floor = schedule.lever.format_floor
+    control_judgements = {
+        name: Judgement(run=control.judged.runs.record(), tensors=control.against_floor.results())
+        for name, control in schedule.controls.items()
+    }
+    return _format_result(
+        floor.format, floor.roundings, schedule.floor.judgement(), candidate, schedule.repeat, judged.runs,
+        control_judgements, outside_rule,
+    )
 
 
 def lever_summary(lever: Lever) -> dict[str, Any]:

@@ -9,17 +9,15 @@ lever's cases make; the harness never looks inside them.
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from correctness import memory
 from correctness.compare import Slicing
 from correctness.errors import ShapeError
+from correctness.results import CaseResult, RecipeRef
 from correctness.rule import DEFAULT_RULE, Rule
-
-if TYPE_CHECKING:
-    from correctness.results import CaseResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,31 +188,6 @@ class LeverOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RecipeRef:
-    """The recipe a lever's shapes come from and its results belong to."""
-
-    id: str  # path below fixtures/recipes without ".yaml", or the user's file name
-    model: str
-    gpu: str
-    sha256: str
-    # Where the model facts the shapes come from were read (a facts file, or the config.json they
-    # were generated from) and that file's sha256; None for a lever that reads no model facts.
-    model_facts: str | None = None
-    model_facts_sha256: str | None = None
-    # The recipe's model arguments (its run script's --num-layers, --hidden-size, ...) held equal to
-    # the model facts (correctness.model_arguments), and why any were not: hidden behind an array
-    # expansion such as "${MODEL_ARGS[@]}" or a bridge's conversion; None where none were hidden.
-    model_arguments_checked: tuple[str, ...] = ()
-    model_arguments_unchecked: str | None = None
-    # Where the record's recipe is (its path as given, resolved), and the recipe's values of the
-    # arguments its lever reads (the lever's declaration in correctness.registry: name -> value, null
-    # where the recipe does not set it) with their sha256: a record is for a recipe with those values.
-    path: str | None = None
-    arguments: Mapping[str, Any] = field(default_factory=dict)
-    arguments_sha256: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
 class Tier:
     """Where a lever runs and what it needs. `name` is recorded with the lever and names its record
     ("cpu", "gpu", "megatron-cpu", "megatron", or a recipe GPU such as "h100"); `device` is the
@@ -249,7 +222,7 @@ class Lever:
     # the default's errors against each are recorded, never judged.
     secondary_references: tuple[Implementation, ...] = ()
     # Lever-specific figures computed from a finished case (e.g. errors pooled per device share).
-    summarize: Callable[["CaseResult"], Mapping[str, Any]] | None = None
+    summarize: Callable[[CaseResult], Mapping[str, Any]] | None = None
     # The lever is a choice between kernels of one computation (an attention backend): a case on
     # which the candidate ran the same backend as the default is "no kernel change", which must be
     # bitwise identical to the default and is never counted as evidence for another kernel.

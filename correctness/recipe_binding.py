@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from correctness.errors import RecipeError
-from correctness.lever import RecipeRef
+from correctness.results import RecipeRef
 from correctness.recheck import arguments_sha256
 from correctness.recipes import Recipe, load_recipe
 

@@ -29,7 +29,7 @@ import yaml
 
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import YAML_LIMIT, folder_parts, read_input, replace_file, write_target
-from correctness.lever import RecipeRef
+from correctness.results import RecipeRef
 from correctness.model_config import name_key
 from correctness.model_limits import checked_size
 
@@ -242,12 +242,6 @@ def write_recipe(path: str | Path, data: Any) -> None:
     path = Path(path)
     text = recipe_text(data).encode("utf-8")
     replace_file(path, (UTF8_BOM if _starts_with_bom(path) else b"") + text, f"recipe {path}", RecipeError)
-
-
-def recipe_schema() -> dict[str, Any]:
-    from correctness.schema import schema
-
-    return schema("recipe.schema.json")
 
 
 def validate_recipe(data: Any, name: str) -> None:

@@ -13,7 +13,7 @@ import re
 import types
 import typing
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ from correctness.compare import RunSpread, Systematic, TensorComparison
 from correctness.errors import CorrectnessError
 from correctness.files import folder_parts, read_input, replace_file
 from correctness.fixtures import checkout_root
-from correctness.lever import RecipeRef
 
 FORMAT = "correctness.lever-record"
 FORMAT_VERSION = 7  # 7: the recipe's path, the arguments its lever reads and their sha256, the model arguments checked, `interrupted`; 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
@@ -45,6 +44,31 @@ def weakest(verdicts: Collection[str]) -> str:
     if unknown:
         return unknown[0]
     return min(verdicts, key=WEAKEST_FIRST.index)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeRef:
+    """The recipe a lever's shapes come from and its results belong to."""
+
+    id: str  # path below fixtures/recipes without ".yaml", or the user's file name
+    model: str
+    gpu: str
+    sha256: str
+    # Where the model facts the shapes come from were read (a facts file, or the config.json they
+    # were generated from) and that file's sha256; None for a lever that reads no model facts.
+    model_facts: str | None = None
+    model_facts_sha256: str | None = None
+    # The recipe's model arguments (its run script's --num-layers, --hidden-size, ...) held equal to
+    # the model facts (correctness.model_arguments), and why any were not: hidden behind an array
+    # expansion such as "${MODEL_ARGS[@]}" or a bridge's conversion; None where none were hidden.
+    model_arguments_checked: tuple[str, ...] = ()
+    model_arguments_unchecked: str | None = None
+    # Where the record's recipe is (its path as given, resolved), and the recipe's values of the
+    # arguments its lever reads (the lever's declaration in correctness.registry: name -> value, null
+    # where the recipe does not set it) with their sha256: a record is for a recipe with those values.
+    path: str | None = None
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    arguments_sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,6 +55,12 @@ def cuda_only_markers() -> tuple[str, ...]:
     return tuple(dict.fromkeys(marker for marker in on_cuda if marker not in on_cpu))
 
 
+# Everything that runs without a GPU, as a pytest marker expression: the tests without a marker that
+# only CUDA tiers carry (the CPU tiers, Megatron's and TE's code on the CPU; each skips with the
+# reason where its dependency is not installed).
+CPU_TIER = " and ".join(f"not {marker}" for marker in cuda_only_markers())
+
+
 @dataclass(frozen=True)
 class StandIn:
     """A GPU that runs a recipe GPU's tiers in its place (`--gpu-stand-in h200=h100`): the same

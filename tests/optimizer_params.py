@@ -1,7 +1,7 @@
 """The recipes' parameter slices the optimizer tests share: Gemma-4-31B's TP 2 slices of a sliding
 and a global layer, and Nemotron-3-Super's TP 4 / EP 8 slices of the first layer of each kind."""
 
-from correctness.optimizer.layout import RECIPE, first_layer_of_each_kind, param_slices
+from correctness.megatron.layout import RECIPE, first_layer_of_each_kind, param_slices
 
 LAYERS = (0, 5)  # a sliding layer and a global one
 EMBEDDING_ROWS = 8192

@@ -27,7 +27,7 @@ from correctness.harness import run_candidates, run_case
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.optimizer import lever as offload
 from correctness.optimizer.inputs import optimizer_units
-from correctness.optimizer.layout import SMOKE
+from correctness.megatron.layout import SMOKE
 from correctness.optimizer.paths import EagerAdamW, Fp64AdamW, clipped
 from correctness.optimizer.split import GPU
 from correctness.optimizer.synthetic_values import synthetic_slice

@@ -25,7 +25,7 @@ from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
-from correctness.attention.shapes import SMOKE_SCALE
+from correctness.shapes import SMOKE_SCALE
 from correctness.attention.te import TransformerEngine
 from correctness.errors import PathUnavailable
 from correctness.harness import run_case

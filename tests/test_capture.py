@@ -42,7 +42,8 @@ from correctness.lever import Lever, LeverOptions  # noqa: E402
 from correctness.models import load_model  # noqa: E402
 from correctness.recipes import load_recipe  # noqa: E402
 from correctness import tiers  # noqa: E402
-from correctness.attention.shapes import RECIPE_SCALE, Scale, attention_shape  # noqa: E402
+from correctness.attention.shapes import attention_shape  # noqa: E402
+from correctness.shapes import RECIPE_SCALE, Scale
 from references.attention import attention as fp64_attention  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

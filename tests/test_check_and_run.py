@@ -96,7 +96,8 @@ def test_the_cpu_tier_includes_megatrons_optimizer_on_the_cpu_and_no_gpu_tier(tm
 
 
 def test_runs_marker_expressions_come_from_the_tiers():
-    from correctness.commands.run import CPU_TIER, markers
+    from correctness.commands.run import markers
+    from correctness.tiers import CPU_TIER
 
     assert CPU_TIER == "not gpu and not te and not h100 and not h200"
     on = {gpu: SimpleNamespace(gpu=gpu) for gpu in ("H100", "H200", "A100")}

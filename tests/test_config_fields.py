@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from correctness.attention.shapes import SMOKE_SCALE, attention_shape
+from correctness.attention.shapes import attention_shape
+from correctness.shapes import SMOKE_SCALE
 from correctness.fixtures import CONFIGS_DIR, recipe_path
 from correctness.model_config import ModelFactsError, facts_from_config, families, field_table
 from correctness.models import load_facts

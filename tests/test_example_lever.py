@@ -17,20 +17,23 @@ def test_readme_shows_the_example_verbatim():
     assert EXAMPLE.read_text() in blocks
 
 
-def test_example_lever_runs_outside_the_repository(tmp_path):
+def another_project(tmp_path: Path) -> Path:
     project = tmp_path / "another-project"
     (project / "component_tests").mkdir(parents=True)
     shutil.copy(EXAMPLE, project / "component_tests" / EXAMPLE.name)
     shutil.copy(ROOT / "examples" / "conftest.py", project / "conftest.py")
     (project / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    return project
+
+
+def run_example(project: Path, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "component_tests", *arguments], cwd=project,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_example_lever_runs_outside_the_repository(tmp_path):
     results = tmp_path / "results"
-    finished = subprocess.run(
-        [sys.executable, "-m", "pytest", "component_tests", "-k", "sliding and seed0", "--results-dir", str(results)],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    finished = run_example(another_project(tmp_path), "-k", "sliding and seed0", "--results-dir", str(results))
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "lever verdicts" in finished.stdout
     (record_path,) = results.rglob("rmsnorm-kernel--cpu--torch-rms-norm.json")
@@ -40,3 +43,22 @@ def test_example_lever_runs_outside_the_repository(tmp_path):
     (case,) = record["cases"]
     assert case["status"] == "pass"
     assert all(control["fails_bound"] for control in case["controls"])
+
+
+def test_example_lever_takes_the_users_recipe_and_model_config(tmp_path):
+    """The in-tree pattern: --recipe runs the user's recipe in the fixture's place, --model-config
+    gives its model's facts, and the record carries both."""
+    recipe = ROOT / "fixtures" / "recipes" / "gemma-4-31b" / "h100" / "attune-tp2-pp4-split13.yaml"
+    users = tmp_path / "my-recipe.yaml"
+    shutil.copy(recipe, users)
+    config = ROOT / "fixtures" / "configs" / "Gemma-4-31B" / "config.json"
+    results = tmp_path / "results"
+    finished = run_example(another_project(tmp_path), "-k", "global and seed1", "--results-dir", str(results),
+                           "--recipe", str(users), "--model-config", str(config))
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    (record_path,) = results.rglob("rmsnorm-kernel--cpu--torch-rms-norm.json")
+    record = json.loads(record_path.read_text())
+    assert record["recipe"]["path"] == str(users.resolve())
+    assert record["recipe"]["model_facts"].endswith("Gemma-4-31B/config.json")
+    (case,) = record["cases"]
+    assert case["status"] == "pass"

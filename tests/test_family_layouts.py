@@ -30,7 +30,7 @@ from correctness.fixtures import CONFIGS_DIR
 from correctness.model_config import facts_from_config
 from correctness.models import ModelFacts
 from correctness.optimizer.checkpoint_values import load_slice
-from correctness.optimizer.layout import RECIPE, SMOKE, first_layer_of_each_kind, layer_kinds, param_slices
+from correctness.megatron.layout import RECIPE, SMOKE, first_layer_of_each_kind, layer_kinds, param_slices
 from correctness.optimizer.split import offload_split, offload_summary
 from correctness.optimizer.synthetic_values import synthetic_slice
 

@@ -16,7 +16,7 @@ from correctness import gpu_check
 from correctness.errors import CaseInputError, CorrectnessError
 from correctness.gpu_check import Module, ModuleRun, fits, module_environment, outcome, plan, run_modules
 from correctness.optimizer.checkpoint_values import load_slice
-from correctness.optimizer.layout import param_slices
+from correctness.megatron.layout import param_slices
 from correctness.record_store import (CASES_FOLDER, INTERRUPTED_FOLDER, append_cases, case_log_path, case_logs,
                                       recover_case_logs, start_case_log)
 from correctness.results import file_name, read_record, record_path

@@ -27,7 +27,8 @@ from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import NO_BACKEND, TransformerEngine, fused_sub_backend, te_versions
 from correctness.errors import PathUnavailable, RecipeError
 from correctness.harness import run_case, run_lever
-from correctness.lever import Lever, LeverOptions, RecipeRef
+from correctness.lever import Lever, LeverOptions
+from correctness.results import RecipeRef
 from correctness.provenance import gpu_type
 from correctness.pytest_plugin import _missing_hardware
 from correctness.tiers import recipe_gpu_tier

@@ -14,7 +14,7 @@ from correctness.errors import PathUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
-from correctness.optimizer.layout import RECIPE, SMOKE
+from correctness.megatron.layout import RECIPE, SMOKE
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, megatron_split
 from correctness.optimizer.megatron_on_cpu import CpuFusedAdam, ReportsCuda, megatron_on_cpu, reports_cuda
 from correctness.optimizer.paths import QUANTITIES, EagerAdamW, OffloadSplit, TorchAdamW, clipped

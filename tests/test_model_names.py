@@ -12,7 +12,8 @@ import pytest
 from attention_shapes import tiny_shape
 from correctness.attach import attach
 from correctness.attention.inputs import checkpoint_file, checkpoint_inputs
-from correctness.attention.shapes import SMOKE_SCALE, attention_shape
+from correctness.attention.shapes import attention_shape
+from correctness.shapes import SMOKE_SCALE
 from correctness.cli import main
 from correctness.errors import CaseInputError, CorrectnessError, RecipeError, ShapeError
 from correctness.fixtures import CONFIGS_DIR, MODELS_DIR, recipe_path

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from correctness.errors import CaseInputError
 from correctness.models import ModelFacts
 from correctness.optimizer.checkpoint_values import load_slice
-from correctness.optimizer.layout import SMOKE, checkpoint_tensor, first_layer_of_each_kind, param_slices
+from correctness.megatron.layout import SMOKE, checkpoint_tensor, first_layer_of_each_kind, param_slices
 from optimizer_params import EMBEDDING, LAYERS, recipe_slices
 
 

@@ -16,7 +16,7 @@ import torch
 from correctness.errors import RecipeError, ShapeError
 from correctness.models import ModelFacts
 from correctness.optimizer.config import optimizer_config
-from correctness.optimizer.layout import RECIPE, SMOKE, first_layer_of_each_kind, layer_kinds, param_slices
+from correctness.megatron.layout import RECIPE, SMOKE, first_layer_of_each_kind, layer_kinds, param_slices
 from correctness.optimizer.split import CPU, GPU, offload_order, offload_orders, offload_split, offload_summary
 from correctness.optimizer.synthetic_values import synthetic_slice
 from optimizer_params import EMBEDDING, EMBEDDING_ROWS, LAYERS, nemotron_slices, recipe_slices

@@ -20,7 +20,7 @@ from correctness.optimizer.inputs import (
     raw_gradient,
     row_blocks,
 )
-from correctness.optimizer.layout import SMOKE
+from correctness.megatron.layout import SMOKE
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
 from correctness.optimizer.paths import (
     QUANTITIES,

@@ -4,7 +4,7 @@ Megatron's optimizers (dense, expert) split on its own."""
 
 import pytest
 
-from correctness.optimizer.layout import ParamSlice
+from correctness.megatron.layout import ParamSlice
 from correctness.optimizer.split import CPU, GPU, offload_order, offload_split, offload_summary
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import correctness.optimizer.synthetic_values as synthetic_values_module
-from correctness.optimizer.layout import SMOKE
+from correctness.megatron.layout import SMOKE
 from correctness.optimizer.synthetic_values import synthetic_slice
 from optimizer_params import nemotron_slices, recipe_slices
 

@@ -13,7 +13,8 @@ from correctness.attach import attach
 from correctness.errors import CorrectnessError
 from correctness.fixtures import COMPONENT_TESTS_DIR, RECIPES_DIR, recipe_path
 from correctness.harness import run_lever
-from correctness.lever import LeverOptions, NotApplicable, RecipeRef
+from correctness.lever import LeverOptions, NotApplicable
+from correctness.results import RecipeRef
 from correctness.optimizer import lever as offload
 from correctness.recheck import arguments_sha256
 from correctness.recipes import load_recipe

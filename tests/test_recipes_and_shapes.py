@@ -15,7 +15,8 @@ from correctness.errors import RecipeError, ShapeError
 from correctness.fixtures import recipe_path
 from correctness.models import load_model
 from correctness.recipes import load_recipe, training_arguments
-from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, Scale, attention_shape
+from correctness.attention.shapes import attention_shape
+from correctness.shapes import RECIPE_SCALE, Scale, SMOKE_SCALE
 
 GEMMA_RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON_RECIPE = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"

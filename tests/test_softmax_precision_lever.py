@@ -18,7 +18,8 @@ from correctness.attention import softmax_precision
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.megatron_softmax import MegatronAttention, megatron_attention_on_cpu
-from correctness.attention.shapes import SMOKE_SCALE, Scale, attention_shape
+from correctness.attention.shapes import attention_shape
+from correctness.shapes import Scale, SMOKE_SCALE
 from correctness.errors import PathUnavailable
 from correctness.fixtures import recipe_path
 from correctness.harness import run_case

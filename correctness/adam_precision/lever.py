@@ -59,7 +59,7 @@ from correctness.lever import (
     Case, Control, FormatFloor, Implementation, Lever, LeverOptions, NotApplicable, Streamed, Tier,
 )
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks
-from correctness.optimizer.layout import RECIPE, SMOKE, ParamScale
+from correctness.megatron.layout import RECIPE, SMOKE, ParamScale
 from correctness.optimizer.lever import OffloadSetting, offload_setting, share_summary
 from correctness.optimizer.paths import Fp64AdamW
 from correctness.optimizer.split import GPU

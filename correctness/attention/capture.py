@@ -43,7 +43,8 @@ from correctness.attention.lever import checkpoint_layers
 from correctness.errors import CaseInputError, CorrectnessError, ShapeError
 from correctness.models import ModelFacts, facts_for, load_facts
 from correctness.recipes import Recipe
-from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, attention_shape
+from correctness.attention.shapes import AttentionShape, attention_shape
+from correctness.shapes import RECIPE_SCALE
 
 FORMAT, FORMAT_VERSION = CAPTURE_FORMAT, CAPTURE_FORMAT_VERSION  # shared with the reader (inputs.py)
 DELEGATES = ("sdpa", "eager")  # transformers' attention functions the capture may delegate to

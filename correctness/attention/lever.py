@@ -45,7 +45,8 @@ from correctness import tiers
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, Tier
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
-from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, AttentionShape, Scale, attention_shape
+from correctness.attention.shapes import AttentionShape, attention_shape
+from correctness.shapes import RECIPE_SCALE, Scale, SMOKE_SCALE
 
 NAME = "attention-backend"
 VERSION = 2  # 2: the recipe's backend claim per layer kind, "no kernel change", optional checkpoint cases

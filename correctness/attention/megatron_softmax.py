@@ -64,6 +64,7 @@ from correctness.attention.eager import LowPrecisionGemm
 from correctness.attention.inputs import AttentionInputs
 from correctness.errors import PathUnavailable, require_megatron_core
 from correctness.lever import PathOutput
+from correctness.megatron.process_groups import TensorParallelSize
 from correctness.provenance import megatron_core_version
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -144,20 +145,6 @@ def no_rng_fork() -> Iterator[None]:
 
     with mock.patch.object(tensor_parallel, "get_cuda_rng_tracker", lambda *args, **kwargs: _NoFork()):
         yield
-
-
-@dataclass(frozen=True)
-class TensorParallelSize:
-    """Stands in for the TP process group: the module reads only its size."""
-
-    world_size: int
-    rank_index: int = 0
-
-    def size(self) -> int:
-        return self.world_size
-
-    def rank(self) -> int:
-        return self.rank_index
 
 
 def _refusal(inputs: AttentionInputs) -> str | None:

@@ -24,7 +24,8 @@ from correctness import tiers
 from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, Mutated, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
-from correctness.attention.shapes import RECIPE_SCALE, AttentionShape, Scale, attention_shape, qkv_format
+from correctness.attention.shapes import AttentionShape, attention_shape
+from correctness.shapes import qkv_format, RECIPE_SCALE, Scale
 
 NAME = "thd-packing"
 VERSION = 1

@@ -44,7 +44,7 @@ from correctness.attention import lever as attention
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.megatron_softmax import MegatronAttention
 from correctness.attention.reference import Fp64Reference
-from correctness.attention.shapes import RECIPE_SCALE, SMOKE_SCALE, Scale
+from correctness.shapes import RECIPE_SCALE, Scale, SMOKE_SCALE
 from correctness.lever import Control, Lever, LeverOptions, NotApplicable, Tier
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe

@@ -76,16 +76,12 @@ from correctness.recipes import load_recipe, validate_recipe
 from correctness.report import fit_lines
 from correctness.results import PASS
 from correctness.tiers import (  # not via the plugin: see tiers.py
-    GPU, GPU_MARKERS, REQUIRE_TIERS_OPTION, STAND_IN_OPTION, cuda_only_markers, recipe_gpu_tier, require_visible_gpu,
+    CPU_TIER, GPU, GPU_MARKERS, REQUIRE_TIERS_OPTION, STAND_IN_OPTION, recipe_gpu_tier, require_visible_gpu,
     required_tiers, stand_in_option,
 )
 
 COMPONENT_TESTS = COMPONENT_TESTS_DIR  # the checkout's component_tests/, or the installed package's
 PLUGIN = "correctness.pytest_plugin"  # the checkout's conftest.py loads it too; pytest loads it once
-# Everything that runs without a GPU: the tests without a marker that only CUDA tiers carry (the CPU
-# tiers, and Megatron's own optimizer on the CPU, marked `megatron` alone; it skips with the reason
-# where megatron-core is not installed).
-CPU_TIER = " and ".join(f"not {marker}" for marker in cuda_only_markers())
 COLLECT_ONLY = {"--collect-only", "--co"}  # pytest arguments after -- that only list the tests
 
 

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.attention.shapes import DTYPES
+from correctness.shapes import DTYPES
 from correctness.compare import bitwise_equal
 from correctness.cross_entropy.ranks import FUSED, NO_MAX, SHIFTED_LABELS, TE, UNFUSED, Call, Job, run_jobs
 from correctness.distributed import DEFAULT_TIMEOUT, DistributedError, run_ranks

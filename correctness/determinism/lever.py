@@ -43,13 +43,13 @@ from correctness.attention import lever as attention
 from correctness.attention.judging import SLICING
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
-from correctness.attention.shapes import RECIPE_SCALE, Scale
+from correctness.shapes import RECIPE_SCALE, Scale
 from correctness.attention.te import TransformerEngine
 from correctness.determinism.mode import InMode
 from correctness.attention.combinations import gpu_sdpa_levers
 from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
-from correctness.optimizer.layout import SMOKE
+from correctness.megatron.layout import SMOKE
 from correctness.recipes import Recipe, lever_recipe
 from correctness.reduction import lever as reduction
 from correctness.reduction.plan import ORDER_VARIES, RANK_DROPPED, RankPath

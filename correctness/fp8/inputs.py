@@ -21,7 +21,6 @@ ACTIVATION_CHANNEL_LOG_STD = 1.0  # log of the per-feature RMS of the input
 WEIGHT_STD = 0.02  # Megatron's --init-method-std default
 GRAD_RMS = 1e-5
 GRAD_TOKEN_LOG_STD = 1.0
-ROLES = ("input", "weight", "grad")
 
 
 @dataclass(frozen=True, kw_only=True)

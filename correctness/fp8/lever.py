@@ -7,7 +7,7 @@ Linears: the attention output projection (`self_attention.linear_proj`, row-para
 is the attention width over TP) of the first attention layer, and the first dense MLP's fc1
 (`mlp.linear_fc1`, or the shared expert's where the MLP is an MoE; column-parallel: the output is
 the FFN width, gate and up for a gated MLP, over TP), their TP rank 0 shapes from Megatron's
-layout (correctness.optimizer.layout). Tokens: the recipe's tokens per microbatch (row tokens x
+layout (correctness.megatron.layout). Tokens: the recipe's tokens per microbatch (row tokens x
 rows per microbatch): with sequence parallelism each TP rank's GEMM runs over the gathered
 sequence. The smoke scale (CPU tier) divides each feature dimension by 16 and the tokens by 32,
 rounded up to a multiple of 32 (MXFP8's block) and at least 128 (one 1x128 block).
@@ -48,7 +48,7 @@ from correctness.fp8.scaling import AMAX_ALGOS, FORMATS, RECIPES, Fp8Config
 from correctness.fp8.te_linear import TeLinear
 from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, Tier
 from correctness.models import ModelFacts, facts_for
-from correctness.optimizer.layout import RECIPE, param_slices
+from correctness.megatron.layout import RECIPE, param_slices
 from correctness.recipes import Recipe, lever_recipe
 from correctness.results import CaseResult
 

@@ -3,7 +3,7 @@ model's first column-parallel weight), the tokens of a microbatch, the microbatc
 each microbatch's seeded BF16 input and upstream gradient.
 
 Shapes (`accumulation_shape`): the weight is TP rank 0's slice of the first two-dimensional
-column-parallel weight of layer 0 (correctness.optimizer.layout.param_slices: Gemma-4's
+column-parallel weight of layer 0 (correctness.megatron.layout.param_slices: Gemma-4's
 linear_qkv, Nemotron-3-Super's Mamba in_proj): rows = its output features per TP rank, cols = its
 input features (hidden). A microbatch holds the recipe's rows per microbatch x its row tokens
 (with sequence parallelism the column-parallel linear all-gathers the sequence before its wgrad
@@ -35,7 +35,7 @@ import torch
 
 from correctness.lever import NotApplicable
 from correctness.models import ModelFacts
-from correctness.optimizer.layout import RECIPE, SMOKE, param_slices
+from correctness.megatron.layout import RECIPE, SMOKE, param_slices
 from correctness.recipes import Recipe
 
 # Correlation between two microbatches' weight gradients, element by element, per case: 0, the

@@ -52,7 +52,7 @@ from unittest import mock
 
 import torch
 
-from correctness.attention.megatron_softmax import TensorParallelSize
+from correctness.megatron.process_groups import TensorParallelSize
 from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import PathUnavailable
 from correctness.grad_accumulation.inputs import AccumulationInputs, tensor_name

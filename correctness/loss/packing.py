@@ -23,7 +23,7 @@ from correctness import tiers
 from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
-from correctness.attention.shapes import DTYPES, qkv_format
+from correctness.shapes import DTYPES, qkv_format
 from references.cross_entropy import masked_loss_sum
 
 NAME = "packed-loss"

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.attention.shapes import DTYPES
+from correctness.shapes import DTYPES
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, NotApplicable, Tier
 from correctness.mlp.paths import (
     FUSED, UNFUSED, Fp64Swiglu, MegatronSwiglu, SwigluInputs, WrongGatedUnit, swapped_inputs, unbiased_inputs,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from correctness.errors import CaseInputError
-from correctness.optimizer.layout import ParamSlice, SourcePiece
+from correctness.megatron.layout import ParamSlice, SourcePiece
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

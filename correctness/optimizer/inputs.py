@@ -23,7 +23,7 @@ import torch
 
 from correctness.errors import CaseInputError
 from correctness.optimizer.config import OptimizerConfig
-from correctness.optimizer.layout import ParamSlice
+from correctness.megatron.layout import ParamSlice
 from references.adamw import weight_decay_multiplier
 
 DEFAULT_PRECLIP_NORMS = (8.0, 4.0, 2.0)

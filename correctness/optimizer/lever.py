@@ -31,7 +31,7 @@ from correctness.models import ModelFacts, facts_for
 from correctness.optimizer.checkpoint_values import load_slice
 from correctness.optimizer.config import OptimizerConfig, optimizer_config
 from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
-from correctness.optimizer.layout import RECIPE, SMOKE, ParamScale, ParamSlice, first_layer_of_each_kind, param_slices
+from correctness.megatron.layout import RECIPE, SMOKE, ParamScale, ParamSlice, first_layer_of_each_kind, param_slices
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
 from correctness.optimizer.paths import (
     QUANTITIES,

@@ -28,7 +28,7 @@ import torch
 from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.lever import Implementation, PathOutput
 from correctness.optimizer.inputs import OptimizerUnit
-from correctness.optimizer.layout import ParamSlice
+from correctness.megatron.layout import ParamSlice
 from correctness.optimizer.megatron_on_cpu import CpuFusedAdam, megatron_on_cpu, plain, reports_cuda
 from correctness.optimizer.paths import clipped, outputs
 from correctness.optimizer.split import CPU, GPU, offload_orders, offload_split

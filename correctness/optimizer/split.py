@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 
-from correctness.optimizer.layout import OPTIMIZERS, ParamSlice
+from correctness.megatron.layout import OPTIMIZERS, ParamSlice
 
 CPU = "cpu"
 GPU = "gpu"

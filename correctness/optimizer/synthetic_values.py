@@ -11,7 +11,7 @@ import hashlib
 import numpy as np
 import torch
 
-from correctness.optimizer.layout import ParamSlice
+from correctness.megatron.layout import ParamSlice
 
 SYNTHETIC_CHUNK = 1 << 22  # values drawn per block (bounds memory; part of the stream's definition)
 

@@ -46,7 +46,7 @@ from correctness.distributed import run_ranks
 from correctness.errors import require_megatron_core
 from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, PathOutput, Tier
 from correctness.models import facts_for
-from correctness.optimizer.layout import SMOKE, ParamScale, param_slices
+from correctness.megatron.layout import SMOKE, ParamScale, param_slices
 from correctness.provenance import megatron_core_version
 from correctness.recipes import Recipe, lever_recipe
 from correctness.reduction.plan import (

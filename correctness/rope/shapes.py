@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from correctness.attention.shapes import DTYPES, Scale, attention_shape
+from correctness.attention.shapes import attention_shape
+from correctness.shapes import DTYPES, Scale
 from correctness.errors import ShapeError
 from correctness.lever import NotApplicable
 from correctness.models import ModelFacts

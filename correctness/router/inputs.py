@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from correctness.attention.shapes import DTYPES
+from correctness.shapes import DTYPES
 from references.router import route
 
 EXPERT_BIAS_STD = 0.01

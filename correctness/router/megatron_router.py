@@ -54,7 +54,7 @@ from unittest import mock
 
 import torch
 
-from correctness.attention.megatron_softmax import TensorParallelSize
+from correctness.megatron.process_groups import TensorParallelSize
 from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import require_megatron_core
 from correctness.lever import PathOutput

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from correctness import Case, Control, Lever, LeverOptions, Mutated, PathOutput
-from correctness.fixtures import recipe_path
-from correctness.models import load_model
-from correctness.recipes import load_recipe
+from correctness.models import facts_for
+from correctness.recipes import lever_recipe
 from correctness.tiers import CPU
-from correctness.attention.shapes import SMOKE_SCALE, attention_shape
+from correctness.attention.shapes import attention_shape
+from correctness.shapes import SMOKE_SCALE
 
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 EPS = 1e-6
@@ -63,14 +63,14 @@ def make_inputs(shape, seed, device):
 
 
 def rmsnorm_levers(options: LeverOptions) -> list[Lever]:
-    recipe = load_recipe(recipe_path(RECIPE))
-    model = load_model(recipe.model)
+    recipe = lever_recipe(RECIPE, options.recipe)  # the user's recipe where --recipe gives one
+    model = facts_for(recipe, options.model)  # the facts of --model-config where given
     shapes = [attention_shape(recipe, model, kind, SMOKE_SCALE) for kind in model.attention_kinds]
     cases = tuple(Case(id=f"{s.id}-q-seed{seed}", shape=s, seed=seed, source="synthetic", variant="normal",
                        make_inputs=partial(make_inputs, s, seed)) for s in shapes for seed in (0, 1))
     candidate = Fused()
     return [Lever(
-        name="rmsnorm-kernel", version=1, tier=CPU, recipe=recipe.ref, cases=cases,
+        name="rmsnorm-kernel", version=1, tier=CPU, recipe=recipe.ref_for(model), cases=cases,
         description="torch's RMSNorm against an eager BF16 RMSNorm and FP64",
         candidate=candidate, default=Eager("eager-bf16"), reference=Eager("fp64", torch.float64),
         controls=(
