@@ -28,7 +28,8 @@ from correctness.entries import count, counted, errors_sentence, format_sentence
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.files import locked, refuse_read_only, shown_path
 from correctness.model_config import same_model
-from correctness.recipes import Recipe, load_document, load_recipe, validate_recipe, write_recipe
+from correctness.recipes import Recipe, load_recipe, validate_recipe
+from correctness.yaml_documents import load_document, write_recipe
 from correctness.registry import known_lever, lever_reads
 from correctness.recheck import case_problems, recomputed, rule_problem
 from correctness.recipe_binding import argument_differences

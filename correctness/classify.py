@@ -32,7 +32,8 @@ import yaml
 from correctness.entries import CPU_LABEL
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
-from correctness.recipes import Recipe, load_yaml, read_yaml_input, training_arguments
+from correctness.recipes import Recipe, training_arguments
+from correctness.yaml_documents import load_yaml, read_yaml_input
 from correctness.results import FAIL, FORMAT_LIMITED, NO_KERNEL_CHANGE, PASS, weakest
 
 REFERENCES_DIR = FIXTURES_DIR / "references"

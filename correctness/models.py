@@ -23,7 +23,8 @@ from correctness.fixtures import CONFIGS_DIR, MODELS_DIR
 from correctness.model_arguments import check_model_arguments
 from correctness.model_config import config_file, facts_from_config, same_model
 from correctness.model_limits import checked_number, checked_size
-from correctness.recipes import dotted_field, load_yaml, read_yaml_input
+from correctness.recipes import dotted_field
+from correctness.yaml_documents import load_yaml, read_yaml_input
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,8 @@ from correctness.harness import run_lever
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
 from correctness.check import check_recipe
-from correctness.recipes import load_document, load_recipe, recipe_text, write_recipe
+from correctness.recipes import load_recipe
+from correctness.yaml_documents import load_document, recipe_text, write_recipe
 from correctness.results import write_record
 from toy_records import toy_case, toy_record
 

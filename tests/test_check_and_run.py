@@ -10,7 +10,7 @@ import pytest
 from correctness.check import check_recipe
 from correctness.cli import main
 from correctness.fixtures import recipe_path
-from correctness.recipes import load_document, write_recipe
+from correctness.yaml_documents import load_document, write_recipe
 from recipe_agreement import assert_check_agrees_with_run, assert_fits_a_terminal, run_attach_check
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"

@@ -9,6 +9,7 @@ import torch
 
 from correctness import tiers
 from correctness.cross_entropy import lever as cross_entropy
+from correctness.cross_entropy import paths as cross_entropy_paths
 from correctness.cross_entropy.ranks import FUSED, TE, Call, resolve
 from correctness.harness import run_case
 from correctness.lever import LeverOptions, NotApplicable
@@ -82,7 +83,7 @@ def test_the_native_tiers_do_not_stand_for_a_recipe_that_fuses_with_te():
     with pytest.raises(NotApplicable, match="impl 'te'"):
         cross_entropy.megatron_gpu_tier(GEMMA, options)
     (lever,) = cross_entropy.recipe_gpu_tier(GEMMA, options)
-    assert lever.candidate is cross_entropy.TE_PATH and "megatron" in lever.tier.markers
+    assert lever.candidate is cross_entropy_paths.TE_PATH and "megatron" in lever.tier.markers
     assert cross_entropy.fusion_impl(with_flags("--cross-entropy-loss-fusion")) == "native"  # Megatron's default
 
 
@@ -129,7 +130,7 @@ def raise_on_rank_one(logits, labels, tp_group):
 @pytest.mark.megatron
 def test_a_rank_that_raises_fails_the_case_in_one_line():
     raising = Call(f"{__name__}:raise_on_rank_one", takes_group=True)
-    candidate = cross_entropy.MegatronPath("raising", raising, "raising")
+    candidate = cross_entropy_paths.MegatronPath("raising", raising, "raising")
     lever = cross_entropy.cross_entropy_lever(
         lever_recipe(GEMMA), tier=tiers.MEGATRON_CPU, scale="smoke", options=LeverOptions(),
         candidate=candidate, shared_session=False,
@@ -156,7 +157,7 @@ def test_a_function_that_is_not_there_skips_the_case_with_the_reason():
         pytest.skip("Transformer Engine's cross entropy is usable here")
     lever = cross_entropy.cross_entropy_lever(
         lever_recipe(GEMMA), tier=tiers.MEGATRON_CPU, scale="smoke", options=LeverOptions(),
-        candidate=cross_entropy.TE_PATH, shared_session=False,
+        candidate=cross_entropy_paths.TE_PATH, shared_session=False,
     )
     case = next(case for case in lever.cases if case.shape.tp == 1)
     result = run_case(lever, case)

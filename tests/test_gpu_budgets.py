@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from correctness.cross_entropy import lever as cross_entropy
+from correctness.cross_entropy import paths as cross_entropy_paths
 from correctness.determinism import lever as determinism
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
@@ -47,12 +48,12 @@ def test_gemmas_one_gpu_cases_are_an_eighth_of_its_recipe_scale():
 def test_the_cross_entropy_gpu_cases_share_one_start_of_ranks(monkeypatch, tier):
     made = []
 
-    class Counted(cross_entropy.RankSession):
+    class Counted(cross_entropy_paths.RankSession):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(cross_entropy, "RankSession", Counted)
+    monkeypatch.setattr(cross_entropy, "RankSession", Counted)  # where the lever looks it up
     monkeypatch.setattr(cross_entropy, "_runs_impl", lambda recipe, impl: None)  # each tier, whatever the recipe fuses
     (lever,) = tier(GEMMA, LeverOptions())
     assert len(made) == 1 and (made[0].device, made[0].timeout) == ("cuda", cross_entropy.GPU_TIMEOUT)

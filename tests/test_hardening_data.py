@@ -30,7 +30,8 @@ from correctness.commands import EXIT_BAD_INPUT
 from correctness.convergence import read_curve
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import recipe_path
-from correctness.recipes import load_document, load_recipe, recipe_text, validate_recipe, write_recipe
+from correctness.recipes import load_recipe, validate_recipe
+from correctness.yaml_documents import load_document, recipe_text, write_recipe
 from correctness.lever import LeverOptions
 from correctness.results import FORMAT_VERSION, read_record, write_record
 from toy_records import toy_record
