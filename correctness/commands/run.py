@@ -72,7 +72,7 @@ from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
 from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, tier_label, verdict_lines
-from correctness.recipes import load_recipe, validate_recipe
+from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.report import fit_lines
 from correctness.results import PASS
 from correctness.tiers import (  # not via the plugin: see tiers.py
@@ -297,6 +297,41 @@ def _judge(args) -> int:
             print("\n".join(lines if args.wide else fit_lines(lines)), flush=True)
         return _finish(args, report, verdict, EXIT_OK if verdict.verdict == PASS else EXIT_FAIL)
 
+    selected = _pytest_selection(args, selection, results, needed)
+    # The verdicts say what skipped and why: pytest's own summary lists failures only, and not the
+    # libraries' import warnings (megatron-core's, torch's), whose lines run to 350 characters.
+    command = [*selected, "-rfE", "--disable-warnings"]
+    workers = args.workers if args.workers is not None else (torch.cuda.device_count() if args.tier != "cpu" else 0)
+    if workers > 1:
+        if importlib.util.find_spec("xdist") is None:
+            raise CorrectnessError(f"{workers} workers need pytest-xdist: pip install -e '.[parallel]'")
+        command += ["-n", str(workers)]
+    stopped = _collect(args, recipe, selected, selection)
+    if stopped is not None:
+        return stopped
+
+    summary = _Summary()
+    with _report_to_stderr(args.json):
+        shown = f"correctness run {recipe.id}: pytest {' '.join(command)}"
+        print("\n".join([shown] if args.wide else fit_lines([shown])), flush=True)
+        status = pytest.main(command + list(args.passthrough), plugins=[summary])
+    try:
+        status = pytest.ExitCode(status)
+    except ValueError:  # a plugin's own exit code
+        pass
+    if summary.error is not None:
+        raise summary.error
+    verdict = summary.verdict or judge_recipe(recipe, classification, [])  # stopped early: nothing judged
+    code = _exit_code(args, recipe, summary, status, verdict)
+    outcome = "interrupted" if summary.exit_status is not None else status.name.lower() if isinstance(
+        status, pytest.ExitCode) else None
+    report["pytest"] = {"arguments": command + list(args.passthrough), "exit_code": int(status), "outcome": outcome}
+    report["records"] = [_record_summary(record, path, verdict) for record, path in summary.records]
+    return _finish(args, report, verdict, code)
+
+
+def _pytest_selection(args, selection: str, results: Path, needed: list[str]) -> list[str]:
+    """pytest's arguments that select and configure the recipe's component tests."""
     selected = [str(COMPONENT_TESTS), "-p", PLUGIN, "--recipe", str(args.recipe), "-m", selection, "--results-dir", str(results)]
     if not args.all_levers:
         selected += ["--levers", ",".join(needed)]
@@ -310,15 +345,12 @@ def _judge(args) -> int:
     stand_in = getattr(args, "gpu_stand_in", None)
     if stand_in is not None:
         selected += [STAND_IN_OPTION, f"{stand_in.present.lower()}={stand_in.recipe.lower()}"]
-    # The verdicts say what skipped and why: pytest's own summary lists failures only, and not the
-    # libraries' import warnings (megatron-core's, torch's), whose lines run to 350 characters.
-    command = [*selected, "-rfE", "--disable-warnings"]
-    workers = args.workers if args.workers is not None else (torch.cuda.device_count() if args.tier != "cpu" else 0)
-    if workers > 1:
-        if importlib.util.find_spec("xdist") is None:
-            raise CorrectnessError(f"{workers} workers need pytest-xdist: pip install -e '.[parallel]'")
-        command += ["-n", str(workers)]
+    return selected
 
+
+def _collect(args, recipe: Recipe, selected: list[str], selection: str) -> int | None:
+    """Collects the tests quietly first: a test that cannot be built, or no test at all, is refused
+    in one line before anything runs. The exit code where a signal stopped it; None to go on."""
     collection = _Collection()
     with contextlib.redirect_stdout(io.StringIO()):  # quiet: its report is the run's to print
         collected = pytest.main([*selected, "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[collection])
@@ -333,19 +365,11 @@ def _judge(args) -> int:
         raise CorrectnessError(f"recipe {args.recipe}: collecting the component tests was interrupted")
     if collected == pytest.ExitCode.NO_TESTS_COLLECTED:
         raise CorrectnessError(f"no component test selected for {recipe.model} on {recipe.gpu} ({selection})")
+    return None
 
-    summary = _Summary()
-    with _report_to_stderr(args.json):
-        shown = f"correctness run {recipe.id}: pytest {' '.join(command)}"
-        print("\n".join([shown] if args.wide else fit_lines([shown])), flush=True)
-        status = pytest.main(command + list(args.passthrough), plugins=[summary])
-    try:
-        status = pytest.ExitCode(status)
-    except ValueError:  # a plugin's own exit code
-        pass
-    if summary.error is not None:
-        raise summary.error
-    verdict = summary.verdict or judge_recipe(recipe, classification, [])  # stopped early: nothing judged
+
+def _exit_code(args, recipe: Recipe, summary: _Summary, status: Any, verdict: RecipeVerdict) -> int:
+    """The run's exit code from the verdict, a stop, or pytest's own status where nothing was judged."""
     code = EXIT_OK if summary.verdict is not None and verdict.verdict == PASS else EXIT_FAIL
     if summary.exit_status is not None:
         code = _stopped(summary.exit_status)
@@ -360,11 +384,7 @@ def _judge(args) -> int:
         outcome = status.name.lower().replace("_", " ") if isinstance(status, pytest.ExitCode) else "a plugin's code"
         print(f"correctness run: pytest stopped ({outcome}, exit status {int(status)}); see its report above",
               file=sys.stderr)
-    outcome = "interrupted" if summary.exit_status is not None else status.name.lower() if isinstance(
-        status, pytest.ExitCode) else None
-    report["pytest"] = {"arguments": command + list(args.passthrough), "exit_code": int(status), "outcome": outcome}
-    report["records"] = [_record_summary(record, path, verdict) for record, path in summary.records]
-    return _finish(args, report, verdict, code)
+    return code
 
 
 def _finish(args, report: dict[str, Any], verdict: RecipeVerdict, code: int) -> int:
