@@ -41,10 +41,9 @@ def package_version(distribution: str) -> str | None:
 
 def te_cpu_version() -> str | None:
     """The version of Transformer Engine installed for the te-cpu tier (None: none there)."""
-    from correctness.te_on_cpu import te_folder
+    from correctness.te_on_cpu import installed_versions
 
-    found = sorted(te_folder().glob("transformer_engine-*.dist-info"))
-    return found[0].name.removeprefix("transformer_engine-").removesuffix(".dist-info") if found else None
+    return ", ".join(installed_versions()) or None
 
 
 def megatron_core_version() -> str:

@@ -60,7 +60,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from correctness.cpu_gemm import gemm_as_cublas
-from correctness.environment import environment_set
+from correctness.environment import attributes_replaced, environment_set
 from correctness.errors import PathUnavailable
 
 TE_VERSION = "2.17.0"
@@ -88,14 +88,20 @@ def te_folder() -> Path:
     return Path(named) if named else Path(sys.prefix) / "te-cpu"
 
 
+def installed_versions() -> list[str]:
+    """The Transformer Engine versions whose metadata the tier's folder holds (pip writes one)."""
+    return sorted(path.name.removeprefix("transformer_engine-").removesuffix(".dist-info")
+                  for path in te_folder().glob("transformer_engine-*.dist-info"))
+
+
 def missing_reason() -> str | None:
     """Why TE 2.17's Python is not installed for this tier (None: it is)."""
     folder = te_folder()
     if not (folder / "transformer_engine" / "pytorch" / "__init__.py").is_file():
         return (f"Transformer Engine {TE_VERSION}'s Python is not installed for the CPU tier in {folder}"
                 f" (make install puts it there; or set {FOLDER_VARIABLE})")
-    if not (folder / f"transformer_engine-{TE_VERSION}.dist-info").is_dir():
-        found = sorted(path.name for path in folder.glob("transformer_engine-*.dist-info"))
+    found = installed_versions()
+    if TE_VERSION not in found:
         return (f"{folder} holds {', '.join(found) or 'no versioned'} Transformer Engine; the CPU tier's shim answers"
                 f" {TE_VERSION}'s lines")
     return None
@@ -344,18 +350,6 @@ def _absent(name: str) -> bool:
         return True
 
 
-@contextlib.contextmanager
-def _patched(target: Any, values: dict[str, Any]) -> Iterator[None]:
-    saved = {name: getattr(target, name) for name in values}
-    for name, value in values.items():
-        setattr(target, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(target, name, value)
-
-
 def _import_te(folder: Path) -> dict[str, types.ModuleType]:
     """Imports TE from `folder` with the stand-ins; returns its modules (taken out of sys.modules)."""
     # torch asks once, and caches, whether triton is installed (torch.utils._triton 36-43); its
@@ -396,7 +390,7 @@ def te_on_cpu() -> Iterator[types.ModuleType]:
         raise PathUnavailable(reason)
     others = {name: sys.modules.pop(name) for name in list(sys.modules) if _te_module(name)}
     try:
-        with _patched(torch.cuda, _CUDA_QUERIES), environment_set(TE_ENVIRONMENT), CpuAsCuda(), gemm_as_cublas():
+        with attributes_replaced(torch.cuda, _CUDA_QUERIES), environment_set(TE_ENVIRONMENT), CpuAsCuda(), gemm_as_cublas():
             if not _loaded:
                 _loaded.update(_import_te(te_folder()))
             sys.modules.update(_loaded)

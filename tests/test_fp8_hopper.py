@@ -211,3 +211,10 @@ def test_subnormals_are_kept_for_mmaemu_and_flushed_again_after():
         assert hopper._subnormals_flushed()
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_a_nan_in_the_result_is_outside_the_bound():
+    a, b = _operands(E4M3)
+    result = _hopper(a, b, True).clone()
+    result.view(-1)[0] = float("nan")
+    assert not _over_bound(result, a, b, fast=True) <= 1

@@ -137,11 +137,6 @@ def backend_that_ran(cache: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return "none", {}
 
 
-@contextlib.contextmanager
-def _real_te() -> Iterator[None]:
-    yield
-
-
 @dataclass(frozen=True)
 class TransformerEngine:
     backend: str  # "auto" or the backend forced: "fused", "flash", "unfused"

@@ -45,7 +45,6 @@ from correctness.fp8.scaling import Fp8Config, Quantized
 PROFILE = "hopper-te"
 PROFILE_NOTE = "H100 PCIe's arithmetic, the nearest chip mmaemu models to the recipe's H100 SXM / H200"
 TE_SPLIT_ACCUMULATOR = ("dgrad", "wgrad")  # TE 2.17's _2X_ACC_DGRAD and _2X_ACC_WGRAD; _2X_ACC_FPROP is False
-STAND_IN_LABEL = "FP32-accumulating GEMM stand-in"
 # mmaemu 0.1.0's documented `hopper` preset (mmaemu/model/presets.py, model/chain.py, model/plan.py): what
 # documented_error_bound assumes; tests/test_fp8_hopper.py holds the installed mmaemu to it.
 BLOCK_PRODUCTS = 32

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import torch
 
+from correctness.environment import attribute_replaced
 from correctness.optimizer.paths import fused_adam_arithmetic
 from references.adamw import AdamWHyperparameters
 
@@ -86,21 +87,6 @@ class _NoStream:
 
 
 @contextlib.contextmanager
-def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
-    """`owner.name` is `value` inside; outside it is as it was (inherited again where it was)."""
-    own = name in vars(owner)
-    saved = vars(owner)[name] if own else None
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if own:
-            setattr(owner, name, saved)
-        else:
-            delattr(owner, name)
-
-
-@contextlib.contextmanager
 def megatron_on_cpu() -> Iterator[None]:
     """Streams and events as no-ops and pinned memory as plain memory, for the duration only."""
     allocate = torch.empty
@@ -117,7 +103,7 @@ def megatron_on_cpu() -> Iterator[None]:
             (torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self),
             (torch, "empty", empty),
         ):
-            stack.enter_context(_replaced(owner, name, value))
+            stack.enter_context(attribute_replaced(owner, name, value))
         yield
 
 
