@@ -6,7 +6,7 @@ with run_candidates (the reference, the default and the controls computed once p
 Prints, per wrong implementation and case: the verdict, the largest error/bound of the whole
 tensors, of the slices, the systematic diagnostic's largest |slope| or |offset| over its threshold,
 and whether an invariant broke. The honest candidate is judged beside them: it must pass with
-nothing flagged. The README's "What the bound cannot see" holds these figures.
+nothing flagged. docs/evidence-power.md ("What the bound cannot see") holds these figures.
 
     python benchmarks/evidence_power.py [--json]
 """

@@ -3,6 +3,7 @@
 The public API for declaring and running a lever:
 
     Lever, Tier, Case, Control, Invariant, Mutated, PathOutput, LeverOptions, RecipeRef, Slicing  (declarations)
+    LeverSpec, TierTest: a lever's one declaration; correctness.spec_tests.component_tests makes its tests
     Rule, DEFAULT_RULE                                                  (the pass rule)
     correctness.tiers: CPU, GPU, MEGATRON_CPU, TE_CPU, MEGATRON_GPU, recipe_gpu_tier  (the suite's tiers)
     run_case, run_candidates, run_lever, write_record, read_record      (running, records)
@@ -14,6 +15,7 @@ from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.compare import Slicing
 from correctness.harness import run_candidates, run_case, run_lever
 from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, Tier
+from correctness.lever_spec import LeverSpec, TierTest
 from correctness.results import RecipeRef, read_record, write_record
 from correctness.rule import DEFAULT_RULE, Rule
 
@@ -25,6 +27,7 @@ __all__ = [
     "Invariant",
     "Lever",
     "LeverOptions",
+    "LeverSpec",
     "Mutated",
     "PathOutput",
     "PathUnavailable",
@@ -32,6 +35,7 @@ __all__ = [
     "Rule",
     "Slicing",
     "Tier",
+    "TierTest",
     "read_record",
     "run_candidates",
     "run_case",

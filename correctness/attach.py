@@ -19,6 +19,7 @@ and needs no write access.
 import contextlib
 import dataclasses
 import datetime
+import importlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,11 @@ from typing import Any
 
 from correctness.entries import count, counted, errors_sentence, format_sentence, generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
+from correctness.catalogue import catalogued, lever_reads
 from correctness.files import locked, refuse_read_only, shown_path
 from correctness.model_config import same_model
 from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.yaml_documents import load_document, write_recipe
-from correctness.registry import known_lever, lever_reads
 from correctness.recheck import case_problems, recomputed, rule_problem
 from correctness.recipe_binding import argument_differences
 from correctness.results import SKIP, LeverRecord, read_record, records_folder, stated_fields_disagree
@@ -67,7 +68,7 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
     differences = argument_differences(record.recipe.arguments, recipe, lever_reads(lever["name"]))
     if differences:
         problems.append(f"it ran recipe {record.recipe.id} with other arguments than this recipe's: {'; '.join(differences)}")
-    known = known_lever(lever["name"])
+    known = catalogued(lever["name"])
     if known and lever["version"] != known.version:
         problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
     if record.interrupted:
@@ -89,10 +90,10 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
 
 
 def entry_text(record: LeverRecord) -> dict[str, str]:
-    known = known_lever(record.lever["name"])
-    if known is None or known.entry_text is None or not record.ran_cases():
+    known = catalogued(record.lever["name"])
+    if known is None or known.wording is None or not record.ran_cases():
         return generic_text(record)
-    return known.entry_text(record)
+    return importlib.import_module(known.wording).entry_text(record)
 
 
 def component_test_entry(record: LeverRecord) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from correctness.catalogue import lever_catalogue
 from correctness.entries import CPU_LABEL
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR
@@ -133,7 +134,9 @@ def parse_rules(data: Any, source: str) -> Rules:
     classes = data.get("classes")
     if not isinstance(classes, dict) or set(classes) != set(CLASSES):
         raise RulesError(f"rules {source}: classes must describe exactly {', '.join(CLASSES)}")
-    levers = {}
+    levers = {name: LeverRule(name=name, description=lever.description,
+                              tests=tuple(re.compile(title, re.IGNORECASE) for title in lever.titles))
+              for name, lever in lever_catalogue().items()}
     for name, entry in (data.get("levers") or {}).items():
         if not isinstance(entry, dict) or not isinstance(entry.get("tests"), list) or not entry["tests"]:
             raise RulesError(f"rules {source}: lever {name} needs a list of test-title patterns")

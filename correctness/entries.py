@@ -1,8 +1,8 @@
 """Words for a recipe's correctness.component_tests entry, made from a lever record's figures.
 
 The entry's fields are those of the seed recipes: test, shape, gpu, date, result, detail, note.
-Levers of this project word `shape`, `detail` and `note` in their own module (correctness.registry);
-any other lever gets the generic sentences here, built from the same figures of the typed record.
+Levers of this project may word `shape`, `detail` and `note` in their own module of
+correctness.wording (named by their spec); any other lever gets the generic sentences here, built from the same figures of the typed record.
 """
 
 import math

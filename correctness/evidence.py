@@ -1,9 +1,9 @@
 """How strong a lever's evidence is, and where it ran: the classes `correctness levers` counts the
 numerics arguments by.
 
-Each lever declares (correctness.registry, `KnownLever.evidence`) the strongest evidence the suite
+Each lever declares (its spec, `LeverSpec.evidence`) the strongest evidence the suite
 has for it without a GPU record, and the tier that gives it; an argument that one of the lever's
-tiers does not reach on the CPU has its own (`KnownLever.argument_evidence`). A results folder
+tiers does not reach on the CPU has its own (`LeverSpec.argument_evidence`). A results folder
 (`correctness levers --results DIR`) adds what only records can say:
 - a GPU record of the lever (device `cuda`, a named device, a case that ran) upgrades its evidence to
   `gpu-run`, with the device and the date;
@@ -47,7 +47,7 @@ class HeldEqual:
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
     klass: str  # one of DECLARED
-    tier: str  # the lever's tier (KnownLever.tiers) the evidence comes from
+    tier: str  # the lever's tier (LeverSpec.tiers) the evidence comes from
     what: str  # one line: what runs there, and why it is of this class
     held_equal_by: tuple[HeldEqual, ...] = ()  # where a stand-in takes one side: the tests that hold it to upstream
     # A regular expression searched in a GPU record's lever description: the records that upgrade

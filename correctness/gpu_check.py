@@ -124,7 +124,7 @@ def fits(module: Module, left: float, budget: float) -> str | None:
 
 def module_environment(module: Module) -> dict[str, str]:
     """What a module's process gets set before Python starts, beyond gpu-check's own environment."""
-    from correctness.determinism.mode import CUBLAS_WORKSPACE, CUBLAS_WORKSPACE_VALUE
+    from correctness.composites.determinism.mode import CUBLAS_WORKSPACE, CUBLAS_WORKSPACE_VALUE
 
     if module.name in DETERMINISTIC_MODULES and CUBLAS_WORKSPACE not in os.environ:
         return {CUBLAS_WORKSPACE: CUBLAS_WORKSPACE_VALUE}

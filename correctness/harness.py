@@ -28,18 +28,32 @@ from typing import Any
 
 import torch
 
+from correctness.catalogue import lever_reads
 from correctness.compare import Baseline, OutputsAccumulator, RunSpread, SpreadAccumulator, outputs_baselines
 from correctness.errors import PathUnavailable
 from correctness.lever import Case, Lever, Implementation, PathOutput, Streamed, runs_backend
 from correctness.provenance import provenance
+from correctness.recipe_binding import bound_ref
 from correctness.results import (
+    BACKEND,
+    ERROR,
     FAIL,
+    FLOOR_MEETS_RULE,
     FORMAT_LIMITED,
+    INVARIANT,
+    NO_CONTROL,
     NO_KERNEL_CHANGE,
+    NO_POWER,
+    NON_FINITE,
+    NOT_REPEATABLE,
+    OUTSIDE_RULE,
     PASS,
+    SAME_KERNEL_DIFFERS,
     SKIP,
+    SYSTEMATIC,
     CaseResult,
     ControlResult,
+    Failure,
     FormatControl,
     FormatResult,
     Judgement,
@@ -195,7 +209,8 @@ def device_fault(lever: Lever, result: CaseResult) -> str | None:
     or what a synchronisation of the device now raises), in one line; else None."""
     if result.status != FAIL or lever.tier.device != "cuda":
         return None
-    sticky = next((failure for failure in result.failures if sticky_cuda_error(failure)), None)
+    sticky = next((failure for failure in result.failures if failure.kind == ERROR and sticky_cuda_error(failure)),
+                  None)
     if sticky is not None:
         return sticky.splitlines()[0]
     return device_error_state(torch.device(lever.tier.device))
@@ -207,7 +222,7 @@ def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, e
         **_identity(case),
         status=SKIP if error is None else FAIL,
         skip_reason=skip_reason,
-        failures=() if error is None else (error,),
+        failures=() if error is None else (Failure(error, kind=ERROR),),
         reference=None,
         default=None,
         candidate=None,
@@ -228,44 +243,45 @@ def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, e
     )
 
 
-def _judgement_failures(role: str, judgement: Judgement, baseline: str = "default") -> list[str]:
-    """One line per tensor outside its bound; `baseline` names what the bound is made from (the
-    default, or a format floor)."""
+def _judgement_failures(role: str, judgement: Judgement, baseline: str = "default") -> list[Failure]:
+    """One per tensor outside its bound; `baseline` names what the bound is made from (the default,
+    or a format floor)."""
     failures = []
     for t in judgement.tensors:
         if t.nonfinite:
-            failures.append(f"{role} {t.tensor}: non-finite values ({t.nonfinite})")
+            failures.append(Failure(f"{role} {t.tensor}: non-finite values ({t.nonfinite})", kind=NON_FINITE,
+                                    role=role, tensor=t.tensor))
         elif t.error > t.bound:
-            failures.append(
+            failures.append(Failure(
                 f"{role} {t.tensor}: error {t.error:.3e} > bound {t.bound:.3e}"
                 f" ({baseline} error {t.default_error:.3e}); worst element at {list(t.worst.index)}:"
-                f" {role} {t.worst.judged:.6g}, {baseline} {t.worst.default:.6g}, reference {t.worst.reference:.6g}"
-            )
+                f" {role} {t.worst.judged:.6g}, {baseline} {t.worst.default:.6g}, reference {t.worst.reference:.6g}",
+                kind=OUTSIDE_RULE, role=role, tensor=t.tensor))
         elif t.slices is not None and t.slices.failing:
             worst = t.slices
-            failures.append(
+            failures.append(Failure(
                 f"{role} {t.tensor}: {worst.failing} of {worst.count} slices ({worst.scheme}) outside their bound;"
                 f" worst {worst.worst}: error {worst.error:.3e} > bound {worst.bound:.3e}"
-                f" ({baseline} error {worst.default_error:.3e}), {worst.error_over_bound:.2f} x"
-            )
+                f" ({baseline} error {worst.default_error:.3e}), {worst.error_over_bound:.2f} x",
+                kind=OUTSIDE_RULE, role=role, tensor=t.tensor))
     return failures
 
 
-def _kernel_failures(lever: Lever, case: Case, candidate: Judgement, default: PathRun) -> tuple[list[str], bool]:
+def _kernel_failures(lever: Lever, case: Case, candidate: Judgement, default: PathRun) -> tuple[list[Failure], bool]:
     """Failures of the recipe's backend claim and of an unchanged kernel, and whether the
     candidate ran the default's own kernel (a kernel lever's "no kernel change")."""
     failures = []
     ran = candidate.run.backend
     if case.expected_backend is not None and not runs_backend(ran, case.expected_backend):
-        failures.append(f"the recipe says {case.expected_backend} runs on this case; the candidate ran {ran}")
+        failures.append(Failure(f"the recipe says {case.expected_backend} runs on this case; the candidate ran {ran}",
+                                kind=BACKEND, role="candidate"))
     same_kernel = lever.compares_kernels and ran == default.backend
     if same_kernel:
         differ = [t.tensor for t in candidate.tensors if not t.bitwise_identical]
         if differ:
-            failures.append(
+            failures.append(Failure(
                 f"candidate and default both ran {ran}, yet differ bitwise on {', '.join(differ)}:"
-                " the same kernel on the same inputs must give the same bits"
-            )
+                " the same kernel on the same inputs must give the same bits", kind=SAME_KERNEL_DIFFERS, role="candidate"))
     return failures, same_kernel
 
 
@@ -280,7 +296,7 @@ def systematic_tensors(candidate: Judgement, secondary: Iterable[Judgement]) -> 
     )
 
 
-def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...], baseline: str = "default") -> list[str]:
+def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...], baseline: str = "default") -> list[Failure]:
     failures = []
     for t in candidate.tensors:
         if t.tensor not in flagged:
@@ -291,18 +307,18 @@ def _systematic_failures(candidate: Judgement, flagged: tuple[str, ...], baselin
         else:
             where = f"slice {t.slices.systematic_worst} ({t.slices.systematic_flagged} flagged)"
             figures = t.slices.systematic
-        failures.append(
+        failures.append(Failure(
             f"candidate {t.tensor}: systematic error ({where}): slope {figures.slope:+.2e} (threshold"
             f" {figures.slope_threshold:.2e}, {baseline} {figures.default_slope:+.2e}), offset {figures.offset:+.2e}"
-            f" (threshold {figures.offset_threshold:.2e}, {baseline} {figures.default_offset:+.2e})"
-        )
+            f" (threshold {figures.offset_threshold:.2e}, {baseline} {figures.default_offset:+.2e})",
+            kind=SYSTEMATIC, role="candidate", tensor=t.tensor))
     return failures
 
 
-def _spread_failure(role: str, spread: RunSpread) -> str:
-    return (f"{role} {spread.tensor}: not bitwise repeatable over {spread.runs} runs: {spread.differing_elements} of"
-            f" {spread.elements} elements differ from its first run (relative {spread.relative:.2e}, largest"
-            f" {spread.max_abs:.3g})")
+def _spread_failure(role: str, spread: RunSpread) -> Failure:
+    return Failure(f"{role} {spread.tensor}: not bitwise repeatable over {spread.runs} runs: {spread.differing_elements}"
+                   f" of {spread.elements} elements differ from its first run (relative {spread.relative:.2e}, largest"
+                   f" {spread.max_abs:.3g})", kind=NOT_REPEATABLE, role=role, tensor=spread.tensor)
 
 
 def _resolution(candidate: Judgement) -> dict[str, Any]:
@@ -317,7 +333,7 @@ def _resolution(candidate: Judgement) -> dict[str, Any]:
 
 def _format_result(
     format_name: str, roundings: tuple[str, ...], floor: Judgement, candidate: "_Candidate", repeat: bool,
-    judged_runs: list[Judgement], controls: Mapping[str, Judgement], outside_rule: list[str],
+    judged_runs: list[Judgement], controls: Mapping[str, Judgement], outside_rule: list[Failure],
 ) -> FormatResult:
     """The case against its candidate's format. Where the candidate is outside the rule
     (`outside_rule`, its lines; empty where it passes, or where the case fails for another reason)
@@ -330,25 +346,26 @@ def _format_result(
                             if repeat else None)
     format_controls = tuple(FormatControl(name=name, judgement=judgement) for name, judgement in controls.items())
     biased = systematic_tensors(against_floor, ())
-    findings: list[str] = []
+    findings: list[Failure] = []
     if outside_rule:
         failing = dict.fromkeys(t.tensor for judgement in judged_runs for t in judgement.tensors if not t.passes)
         floor_passes = [name for name in failing if next(t for t in floor.tensors if t.tensor == name).passes]
         if floor_passes:
-            findings.append(f"the {format_name} format floor passes the rule on {', '.join(floor_passes)}, where the"
-                            f" candidate fails it: a {format_name} implementation can meet the rule there")
+            findings.append(Failure(f"the {format_name} format floor passes the rule on {', '.join(floor_passes)}, where"
+                                    f" the candidate fails it: a {format_name} implementation can meet the rule there",
+                                    kind=FLOOR_MEETS_RULE, role="candidate"))
         role, baseline = f"candidate against the {format_name} floor", "floor"
-        findings += [f"{line} (worse than {format_name} allows)"
+        findings += [line.extended(f" (worse than {format_name} allows)")
                      for line in _judgement_failures(role, against_floor, baseline)]
         if repeat_against_floor is not None:
-            findings += [f"{line} (worse than {format_name} allows)"
+            findings += [line.extended(f" (worse than {format_name} allows)")
                          for line in _judgement_failures(f"{role} (repeat)", repeat_against_floor, baseline)]
-        findings += [f"{line} (biased beyond the {format_name} floor's rounding)"
+        findings += [line.extended(f" (biased beyond the {format_name} floor's rounding)")
                      for line in _systematic_failures(against_floor, biased, "floor")]
         findings += [
-            f"negative control '{control.name}' is within the {format_name} format bound (largest error/bound"
-            f" {control.power:.2f}, {control.judgement.worst.tensor}): the format bound cannot tell it from the"
-            " candidate"
+            Failure(f"negative control '{control.name}' is within the {format_name} format bound (largest error/bound"
+                    f" {control.power:.2f}, {control.judgement.worst.tensor}): the format bound cannot tell it from"
+                    " the candidate", kind=NO_POWER, role=control.name, tensor=control.judgement.worst.tensor)
             for control in format_controls if not control.fails
         ]
     return FormatResult(
@@ -417,10 +434,11 @@ class _Invariants:
             if problem is not None:
                 self.broken.setdefault(invariant.name, [0, problem])[0] += 1
 
-    def failures(self) -> list[str]:
+    def failures(self) -> list[Failure]:
         units = "" if self.units == 1 else " on {count} of " + f"{self.units} units"
         return [
-            f"{self.role} breaks the invariant '{name}'{units.format(count=count)}: {first}"
+            Failure(f"{self.role} breaks the invariant '{name}'{units.format(count=count)}: {first}", kind=INVARIANT,
+                    role=self.role)
             for name, (count, first) in self.broken.items()
         ]
 
@@ -643,7 +661,7 @@ class _CaseFindings:
 
     controls: tuple[ControlResult, ...]
     default_repeat: Judgement
-    failures: list[str]
+    failures: list[Failure]
 
 
 def _case_findings(schedule: _CaseSchedule) -> _CaseFindings:
@@ -666,12 +684,12 @@ def _case_findings(schedule: _CaseSchedule) -> _CaseFindings:
             worst = control.judgement.worst
             repeatable = (f", and is bitwise repeatable over {lever.rule.runs} runs"
                           if lever.rule.bitwise_repeatable else "")
-            failures.append(
+            failures.append(Failure(
                 f"negative control '{control.name}' passes the bound on every tensor and slice (largest error/bound"
-                f" {worst.error_over_bound:.2f}, {worst.tensor}){repeatable}: no power on this case"
-            )
+                f" {worst.error_over_bound:.2f}, {worst.tensor}){repeatable}: no power on this case",
+                kind=NO_POWER, role=control.name, tensor=worst.tensor))
     if all(control.judgement is None for control in control_results):
-        failures.append("no negative control applies to this case, so it could not fail")
+        failures.append(Failure("no negative control applies to this case, so it could not fail", kind=NO_CONTROL))
     return _CaseFindings(controls=control_results, default_repeat=default_repeat, failures=failures)
 
 
@@ -774,7 +792,7 @@ def _decide_candidate(
 
 
 def _candidate_format(
-    schedule: _CaseSchedule, candidate: _Candidate, judged: _CandidateJudgements, outside_rule: list[str]
+    schedule: _CaseSchedule, candidate: _Candidate, judged: _CandidateJudgements, outside_rule: list[Failure]
 ) -> FormatResult:
     floor = schedule.lever.format_floor
     control_judgements = {
@@ -825,9 +843,6 @@ def _now() -> str:
 def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, seconds: float) -> LeverRecord:
     """The lever's record of its cases' results; its recipe reference carries the values of the
     recipe arguments the lever reads (correctness.recipe_binding)."""
-    from correctness.recipe_binding import bound_ref  # the registry imports every lever, which import this
-    from correctness.registry import lever_reads
-
     cases = tuple(cases)
     verdict, completeness = assess(
         {case.case_id: case.status for case in cases},

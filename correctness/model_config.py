@@ -445,8 +445,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def facts_from_config(path: str | Path) -> dict[str, Any]:
-    """The model facts of a config.json (see the module's docstring)."""
+def _family_config(path: str | Path) -> _Config:
+    """The config's text-model fields, with the architecture family its `architectures` names, its
+    numbers and the family's expected values checked."""
     config = read_config(path)
     top = config.data
     architectures = top.get("architectures")
@@ -467,15 +468,18 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     cfg.get("architectures")
     _check_numbers(cfg)
     _check_expected_values(cfg)
+    return cfg
 
-    layers = cfg.count("num_hidden_layers", needed_for="layers")
-    hidden = cfg.count("hidden_size", needed_for="hidden_size")
-    heads = cfg.count("num_attention_heads", needed_for="attention.query_heads")
-    names = family.get("layer_kinds") or {}
+
+def _layer_kinds(
+    cfg: _Config, layers: int, heads: int, hidden: int
+) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+    """Each layer's Hugging Face type and the family's kind for it, and the facts of each attention kind."""
+    names = cfg.family.get("layer_kinds") or {}
     types = _layer_types(cfg, layers)
     unknown = sorted({t for t in types if t not in names})
     if unknown:
-        raise cfg.error(f"layer type {unknown[0]!r} is not one the {family_name} family knows ({', '.join(names)});"
+        raise cfg.error(f"layer type {unknown[0]!r} is not one the {cfg.family_name} family knows ({', '.join(names)});"
                         f" add it to layer_kinds in {FAMILIES_FILE.name}")
     kinds = [names[t] for t in types]
     attention_types = {names[t]: t for t in types if t in (HF_FULL, HF_SLIDING) or names[t] == "attention"}
@@ -485,45 +489,38 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     }
     if not attention_kinds:
         raise cfg.error("no layer has attention")
-    first_head_dim = next(iter(attention_kinds.values()))["head_dim"]
+    return types, kinds, attention_kinds
 
-    facts: dict[str, Any] = {
-        "name": config.name,
-        "short_name": short_name(config.name),
-        "source": str(config.path),
-        "config_sha256": config.sha256,
-        "family": family_name,
-        "layers": layers,
-        "hidden_size": hidden,
-    }
-    if "ffn_gated" in family.get("facts", {}):
-        facts["ffn_hidden_size"] = cfg.count("intermediate_size", needed_for="ffn_hidden_size")
-    facts["vocab_size"] = cfg.count("vocab_size", needed_for="vocab_size")
-    facts["mlp"] = _mlp(cfg)
-    facts["tied_embeddings"] = cfg.flag("tie_word_embeddings", top.get("tie_word_embeddings", True) is True)  # transformers' default
-    moe = _moe(cfg)
-    if moe is None:
-        facts["experts"] = 0
-    dense_key = family.get("dense_layers")
+
+def _layout_facts(
+    cfg: _Config, facts: dict[str, Any], moe: dict[str, Any] | None, types: list[str], kinds: list[str], layers: int
+) -> dict[str, str] | None:
+    """Sets `facts["layer_pattern"]` (the layers' kinds in order); returns the attention kind of each
+    layer kind where the layer kinds are not attention kinds (DeepSeek's dense and MoE layers), else None."""
+    dense_key = cfg.family.get("dense_layers")
     if dense_key is not None and moe is not None:  # DeepSeek: the first k layers dense, then MoE
         dense = cfg.count(dense_key, needed_for="the dense layers before the MoE ones", minimum=0)
         if dense > layers:
             raise cfg.error(f"{dense_key} {dense} is more than the {layers} layers")
         attention_kind = kinds[0]
         facts["layer_pattern"] = {"symbols": "D" * dense + "E" * (layers - dense), "kinds": {"D": "dense", "E": "moe"}}
-        kind_of_layer = {"dense": attention_kind, "moe": attention_kind}
-    elif cfg.has("hybrid_override_pattern"):
+        return {"dense": attention_kind, "moe": attention_kind}
+    if cfg.has("hybrid_override_pattern"):
+        names = cfg.family.get("layer_kinds") or {}
         facts["layer_pattern"] = {"symbols": "".join(types), "kinds": {symbol: names[symbol] for symbol in dict.fromkeys(types)}}
-        kind_of_layer = None
-    else:
-        if moe is not None and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
-            raise cfg.error("fields mlp_only_layers / decoder_sparse_step make some layers dense: a mix of dense and"
-                            " MoE layers is not modelled for this family")
-        facts["layer_pattern"] = _layer_pattern(kinds)
-        kind_of_layer = None
-    if cfg.has("num_nextn_predict_layers"):
-        facts["mtp_blocks"] = cfg.count("num_nextn_predict_layers", needed_for="mtp_blocks", minimum=0)
+        return None
+    if moe is not None and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+        raise cfg.error("fields mlp_only_layers / decoder_sparse_step make some layers dense: a mix of dense and"
+                        " MoE layers is not modelled for this family")
+    facts["layer_pattern"] = _layer_pattern(kinds)
+    return None
 
+
+def _attention_facts(
+    cfg: _Config, heads: int, attention_kinds: dict[str, dict[str, Any]], kind_of_layer: dict[str, str] | None
+) -> dict[str, Any]:
+    """The facts' `attention` section: query heads, softmax scale, softcap, the kinds, MLA's ranks."""
+    first_head_dim = next(iter(attention_kinds.values()))["head_dim"]
     attention: dict[str, Any] = {
         "query_heads": heads,
         "softmax_scale": _softmax_scale(cfg, first_head_dim),
@@ -537,27 +534,69 @@ def facts_from_config(path: str | Path) -> dict[str, Any]:
     if cfg.has("kv_lora_rank"):
         attention["mla"] = {key: cfg.get(key) for key in
                             ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
-    facts["attention"] = attention
+    return attention
+
+
+def _mamba(cfg: _Config) -> dict[str, int]:
+    return {
+        "heads": cfg.count("mamba_num_heads", needed_for="mamba.heads"),
+        "head_dim": cfg.count("mamba_head_dim", needed_for="mamba.head_dim"),
+        "state_size": cfg.count("ssm_state_size", needed_for="mamba.state_size"),
+        "groups": cfg.count("n_groups", needed_for="mamba.groups"),
+        "conv_kernel": cfg.count("conv_kernel", needed_for="mamba.conv_kernel"),
+    }
+
+
+def _with_family_facts(cfg: _Config, facts: dict[str, Any]) -> dict[str, Any]:
+    """The facts with the family's own laid over them, its megatron, checkpoint and synthetic
+    sections, and the fate of every config field."""
+    facts = _merge(facts, copy.deepcopy(cfg.family.get("facts", {})))
+    if facts.get("moe") is not None and "routing" not in facts["moe"]:
+        raise cfg.error(f"the {cfg.family_name} family does not say how its router scores experts (facts.moe.routing)")
+    for section in ("megatron", "checkpoint", "synthetic"):
+        if section in cfg.family:
+            facts[section] = copy.deepcopy(cfg.family[section])
+    facts["config_fields"] = _field_fates(cfg)
+    return facts
+
+
+def facts_from_config(path: str | Path) -> dict[str, Any]:
+    """The model facts of a config.json (see the module's docstring)."""
+    cfg = _family_config(path)
+    layers = cfg.count("num_hidden_layers", needed_for="layers")
+    hidden = cfg.count("hidden_size", needed_for="hidden_size")
+    heads = cfg.count("num_attention_heads", needed_for="attention.query_heads")
+    types, kinds, attention_kinds = _layer_kinds(cfg, layers, heads, hidden)
+
+    facts: dict[str, Any] = {
+        "name": cfg.config.name,
+        "short_name": short_name(cfg.config.name),
+        "source": str(cfg.config.path),
+        "config_sha256": cfg.config.sha256,
+        "family": cfg.family_name,
+        "layers": layers,
+        "hidden_size": hidden,
+    }
+    if "ffn_gated" in cfg.family.get("facts", {}):
+        facts["ffn_hidden_size"] = cfg.count("intermediate_size", needed_for="ffn_hidden_size")
+    facts["vocab_size"] = cfg.count("vocab_size", needed_for="vocab_size")
+    facts["mlp"] = _mlp(cfg)
+    top = cfg.config.data
+    facts["tied_embeddings"] = cfg.flag("tie_word_embeddings", top.get("tie_word_embeddings", True) is True)  # transformers' default
+    moe = _moe(cfg)
+    if moe is None:
+        facts["experts"] = 0
+    kind_of_layer = _layout_facts(cfg, facts, moe, types, kinds, layers)
+    if cfg.has("num_nextn_predict_layers"):
+        facts["mtp_blocks"] = cfg.count("num_nextn_predict_layers", needed_for="mtp_blocks", minimum=0)
+    facts["attention"] = _attention_facts(cfg, heads, attention_kinds, kind_of_layer)
     if cfg.has("final_logit_softcapping"):
         facts["final_logit_softcap"] = float(cfg.number("final_logit_softcapping"))
     if moe is not None:
         facts["moe"] = moe
     if cfg.has("mamba_num_heads"):
-        facts["mamba"] = {
-            "heads": cfg.count("mamba_num_heads", needed_for="mamba.heads"),
-            "head_dim": cfg.count("mamba_head_dim", needed_for="mamba.head_dim"),
-            "state_size": cfg.count("ssm_state_size", needed_for="mamba.state_size"),
-            "groups": cfg.count("n_groups", needed_for="mamba.groups"),
-            "conv_kernel": cfg.count("conv_kernel", needed_for="mamba.conv_kernel"),
-        }
-    facts = _merge(facts, copy.deepcopy(family.get("facts", {})))
-    if facts.get("moe") is not None and "routing" not in facts["moe"]:
-        raise cfg.error(f"the {family_name} family does not say how its router scores experts (facts.moe.routing)")
-    for section in ("megatron", "checkpoint", "synthetic"):
-        if section in family:
-            facts[section] = copy.deepcopy(family[section])
-    facts["config_fields"] = _field_fates(cfg)
-    return facts
+        facts["mamba"] = _mamba(cfg)
+    return _with_family_facts(cfg, facts)
 
 
 def _check_expected_values(cfg: _Config) -> None:

@@ -47,6 +47,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from correctness.catalogue import lever_catalogue
 from correctness.distributed import InterruptionWatch, catch_stop_signals, rank_server_pid, stop_rank_server
 from correctness.errors import CorrectnessError
 from correctness.files import shown_path
@@ -271,13 +272,12 @@ def selected_levers(config) -> set[str] | None:
     given = config.getoption("levers")
     if given is None:
         return None
-    from correctness.registry import KNOWN_LEVERS
-
+    levers = lever_catalogue()
     names = {name.strip() for name in given.split(",") if name.strip()}
-    unknown = sorted(names - set(KNOWN_LEVERS))
+    unknown = sorted(names - set(levers))
     if unknown or not names:
         raise pytest.UsageError(f"--levers {given}: {'no lever named' if not unknown else 'unknown lever ' + ', '.join(unknown)};"
-                                f" the levers are {', '.join(KNOWN_LEVERS)}")
+                                f" the levers are {', '.join(levers)}")
     return names
 
 

@@ -1,7 +1,7 @@
 """A record is for one recipe: the values of the recipe arguments its lever reads, and its folder.
 
-A lever declares the arguments its factories read (correctness.registry: `reads`, run-script flags
-such as "--optimizer-offload-fraction" and dotted recipe fields such as "layout.tp"). Its record
+A lever's spec declares the arguments its factories read (`LeverSpec.reads`: run-script flags such
+as "--optimizer-offload-fraction" and dotted recipe fields such as "layout.tp"). Its record
 carries their values in the recipe it ran (`recipe.arguments`, with their sha256), and
 `argument_differences` names those another recipe sets otherwise: an offload record of fraction
 0.9 is not evidence for a recipe of 0.5, nor for one that does not offload.

@@ -23,7 +23,7 @@ from correctness.files import folder_parts, read_input, replace_file
 from correctness.fixtures import checkout_root
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 7  # 7: the recipe's path, the arguments its lever reads and their sha256, the model arguments checked, `interrupted`; 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
+FORMAT_VERSION = 8  # 8: failures as {kind, role, tensor, text}; 7: the recipe's path, the arguments its lever reads and their sha256, the model arguments checked, `interrupted`; 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run
@@ -46,6 +46,53 @@ def weakest(verdicts: Collection[str]) -> str:
     return min(verdicts, key=WEAKEST_FIRST.index)
 
 
+# What a case's failure is (Failure.kind):
+OUTSIDE_RULE = "outside-rule"  # a tensor's (or a slice's) error is over its bound
+NON_FINITE = "non-finite"  # NaN or Inf in an output
+INVARIANT = "invariant"  # a lever's invariant (a property its outputs must have) is broken
+NOT_REPEATABLE = "not-repeatable"  # outputs differ between runs where the rule wants them bitwise
+NO_POWER = "no-power"  # a negative control is within the bound: the case could not tell it from the candidate
+NO_CONTROL = "no-control"  # no negative control applies to the case
+BACKEND = "backend"  # the candidate ran another backend than the recipe says
+SAME_KERNEL_DIFFERS = "same-kernel-differs"  # candidate and default ran one kernel, yet differ
+SYSTEMATIC = "systematic"  # a bias (scale or offset) beyond the default's or the floor's
+FLOOR_MEETS_RULE = "floor-meets-rule"  # the format floor passes where the candidate fails: not the format's limit
+ERROR = "error"  # an exception: the case was not judged
+FAILURE_KINDS = (OUTSIDE_RULE, NON_FINITE, INVARIANT, NOT_REPEATABLE, NO_POWER, NO_CONTROL, BACKEND,
+                 SAME_KERNEL_DIFFERS, SYSTEMATIC, FLOOR_MEETS_RULE, ERROR)
+
+
+class Failure(str):
+    """One reason a case fails: its one-line text (a Failure is that string), what kind of failure
+    it is, whose (the role: "candidate", "positive control (default repeated)", a control's name)
+    and on which tensor, where one. Code reads the kind, a person the text."""
+
+    kind: str
+    role: str | None
+    tensor: str | None
+
+    def __new__(cls, text: str, *, kind: str, role: str | None = None, tensor: str | None = None) -> "Failure":
+        if kind not in FAILURE_KINDS:
+            raise ValueError(f"failure kind {kind!r}: one of {', '.join(FAILURE_KINDS)}")
+        failure = super().__new__(cls, text)
+        failure.kind, failure.role, failure.tensor = kind, role, tensor
+        return failure
+
+    def __getnewargs_ex__(self):
+        return (str(self),), {"kind": self.kind, "role": self.role, "tensor": self.tensor}
+
+    def extended(self, words: str) -> "Failure":
+        """The same failure with words added to its text."""
+        return Failure(f"{self}{words}", kind=self.kind, role=self.role, tensor=self.tensor)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "role": self.role, "tensor": self.tensor, "text": str(self)}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "Failure":
+        return Failure(data["text"], kind=data["kind"], role=data["role"], tensor=data["tensor"])
+
+
 @dataclass(frozen=True, kw_only=True)
 class RecipeRef:
     """The recipe a lever's shapes come from and its results belong to."""
@@ -64,7 +111,7 @@ class RecipeRef:
     model_arguments_checked: tuple[str, ...] = ()
     model_arguments_unchecked: str | None = None
     # Where the record's recipe is (its path as given, resolved), and the recipe's values of the
-    # arguments its lever reads (the lever's declaration in correctness.registry: name -> value, null
+    # arguments its lever reads (the lever's spec, LeverSpec.reads: name -> value, null
     # where the recipe does not set it) with their sha256: a record is for a recipe with those values.
     path: str | None = None
     arguments: Mapping[str, Any] = field(default_factory=dict)
@@ -167,10 +214,10 @@ class FormatResult:
     systematic: tuple[str, ...]  # candidate tensors biased beyond the floor's rounding (the diagnostic, floor as default)
     # The candidate's lines outside the rule where the case is format-limited (its format's limit,
     # not a failure); empty otherwise.
-    outside_rule: tuple[str, ...]
+    outside_rule: tuple[Failure, ...]
     # Why a candidate outside the rule is not format-limited (worse than its format allows, a
     # control within the format bound, ...); empty where it is, or where it passes the rule.
-    findings: tuple[str, ...]
+    findings: tuple[Failure, ...]
 
     @property
     def floor_fails_rule(self) -> tuple[str, ...]:
@@ -188,7 +235,7 @@ class CaseResult:
     skip_reason: str | None
     required: bool  # whether the lever's evidence needs this case (see Case.required)
     expected_backend: str | None  # what the recipe says the candidate runs here, where it says
-    failures: tuple[str, ...]
+    failures: tuple[Failure, ...]
     reference: PathRun | None
     default: PathRun | None
     candidate: Judgement | None
@@ -262,6 +309,8 @@ def _from_json(kind: Any, value: Any) -> Any:
     null)."""
     if value is None:
         return math.nan if kind is float else None
+    if kind is Failure:
+        return Failure.from_json(value)
     origin, arguments = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
         return _from_json(next(argument for argument in arguments if argument is not type(None)), value)
@@ -362,6 +411,8 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Systematic):
         fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {**fields, "over_threshold": _jsonable(value.over_threshold)}
+    if isinstance(value, Failure):
+        return value.to_json()
     if isinstance(value, FormatControl):
         return {"name": value.name, "fails": value.fails, "power": _jsonable(value.power),
                 "judgement": _jsonable(value.judgement)}

@@ -1,10 +1,11 @@
-"""The shape vocabulary every lever kind shares: the dtypes a recipe names, the scale a case runs
-at, and the recipe's attention layout (`--qkv-format`)."""
+"""The shape vocabulary every lever kind shares: the dtypes a recipe names (and its precision among
+them), the scale a case runs at, and the recipe's attention layout (`--qkv-format`)."""
 
 from dataclasses import dataclass
 
 import torch
 
+from correctness.errors import ShapeError
 from correctness.recipes import Recipe
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -32,3 +33,11 @@ def qkv_format(recipe: Recipe) -> str:
     if given:
         return given[0]
     return "thd" if recipe.argument("--use-dynamic-batch-size") is not None else "bshd"
+
+
+def recipe_dtype(recipe: Recipe) -> str:
+    """The recipe's precision, one of DTYPES' names."""
+    precision = recipe.precision
+    if precision not in DTYPES:
+        raise ShapeError(f"recipe {recipe.id}: precision {precision!r} is not one of {sorted(DTYPES)}")
+    return precision

@@ -12,6 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from correctness.adam.arithmetic import clipped
+from correctness.adam.inputs import optimizer_units
+from correctness.adam.offload_setting import offload_setting
+from correctness.adam.reference import Fp64AdamW
+from correctness.adam.split import GPU
+from correctness.adam.synthetic_values import synthetic_slice
 from correctness.adam_precision import lever as adam_precision
 from correctness.adam_precision.floor import FORMAT, Fp64StoredAdamW
 from correctness.adam_precision.paths import (
@@ -25,12 +31,8 @@ from correctness.errors import PathUnavailable, RecipeError
 from correctness.fixtures import recipe_path
 from correctness.harness import run_candidates, run_case
 from correctness.lever import LeverOptions, NotApplicable
-from correctness.optimizer import lever as offload
-from correctness.optimizer.inputs import optimizer_units
 from correctness.megatron.layout import SMOKE
-from correctness.optimizer.paths import EagerAdamW, Fp64AdamW, clipped
-from correctness.optimizer.split import GPU
-from correctness.optimizer.synthetic_values import synthetic_slice
+from correctness.optimizer.paths import EagerAdamW
 from correctness.recipes import load_recipe
 from references.adamw import adamw_run
 
@@ -345,7 +347,7 @@ def test_cases_come_from_both_recipes_gpu_shares():
         assert [(s.master_dtype, s.exp_avg_dtype, s.exp_avg_sq_dtype, s.store_param_remainders) for s in shapes] == [
             ("fp32", "bf16", "bf16", False), ("fp32", "fp8", "fp8", False), ("fp32", "fp16", "fp16", False),
             ("fp16", "fp32", "fp32", False), ("fp32", "fp32", "fp32", True)]
-        setting = offload.offload_setting(recipe, SMOKE, LeverOptions())
+        setting = offload_setting(recipe, SMOKE, LeverOptions())
         on_gpu = [p for p in setting.slices if setting.shares[p.name] == GPU]
         for shape in shapes:
             assert (shape.tensors, shape.fraction, shape.steps) == (tensors, fraction, adam_precision.STEPS)

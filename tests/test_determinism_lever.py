@@ -10,8 +10,8 @@ import torch
 
 from correctness.attention import lever as attention
 from correctness.attention.sdpa import Sdpa
-from correctness.determinism import lever as determinism
-from correctness.determinism.mode import NVTE_SWITCH, InMode
+from correctness.composites.determinism import lever as determinism
+from correctness.composites.determinism.mode import NVTE_SWITCH, InMode
 from correctness.distributed import run_ranks
 from correctness.errors import PathUnavailable
 from correctness.harness import run_case

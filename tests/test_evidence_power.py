@@ -3,7 +3,7 @@
 run_candidates, fails (or, for a scale error, is flagged systematic) on every case the catalogue
 claims it on, while the honest path beside it passes with nothing flagged. Built on the eager
 path here (the default's numerics, cheap on any CPU); benchmarks/evidence_power.py measures the
-same catalogue on the flash kernel for the README."""
+same catalogue on the flash kernel for docs/evidence-power.md."""
 
 import pytest
 

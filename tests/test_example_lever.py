@@ -1,4 +1,4 @@
-"""The README's example lever is complete and runs from outside this repository."""
+"""The example lever of docs/adding-a-lever.md is complete and runs from outside this repository."""
 
 import json
 import re
@@ -11,10 +11,17 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "component_tests" / "test_rmsnorm.py"
 
 
-def test_readme_shows_the_example_verbatim():
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+def test_the_guide_shows_the_example_verbatim():
+    guide = (ROOT / "docs" / "adding-a-lever.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.DOTALL)
     assert EXAMPLE.read_text() in blocks
+
+
+def test_the_guide_shows_a_real_levers_spec_verbatim():
+    guide = (ROOT / "docs" / "adding-a-lever.md").read_text()
+    spec = next(block for block in re.findall(r"```python\n(.*?)```", guide, flags=re.DOTALL)
+                if block.startswith("SPEC = LeverSpec("))
+    assert (ROOT / "correctness" / "rope" / "lever.py").read_text().endswith(spec)
 
 
 def another_project(tmp_path: Path) -> Path:

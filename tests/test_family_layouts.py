@@ -25,14 +25,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from correctness.adam.split import offload_split, offload_summary
+from correctness.adam.synthetic_values import synthetic_slice
 from correctness.errors import CaseInputError, RecipeError
 from correctness.fixtures import CONFIGS_DIR
 from correctness.model_config import facts_from_config
 from correctness.models import ModelFacts
 from correctness.optimizer.checkpoint_values import load_slice
 from correctness.megatron.layout import RECIPE, SMOKE, first_layer_of_each_kind, layer_kinds, param_slices
-from correctness.optimizer.split import offload_split, offload_summary
-from correctness.optimizer.synthetic_values import synthetic_slice
 
 CONFIGS = CONFIGS_DIR
 QWEN, GPT_OSS, MOONLIGHT = "Qwen3-30B-A3B", "GPT-OSS-20B", "Moonlight-16B-A3B"

@@ -10,7 +10,7 @@ import torch
 
 from correctness.cross_entropy import lever as cross_entropy
 from correctness.cross_entropy import paths as cross_entropy_paths
-from correctness.determinism import lever as determinism
+from correctness.composites.determinism import lever as determinism
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.models import facts_for

@@ -1,5 +1,5 @@
 """`correctness levers`: the suite's levers, their tiers, the numerics arguments they cover and how
-strong each one's evidence is (the declarations in correctness/registry.py, held to the component
+strong each one's evidence is (the levers' specs, listed in correctness/registry.py, held to the component
 tests, the rules file and the tests they name; GPU and CPU records in a results folder)."""
 
 import io
@@ -18,7 +18,8 @@ from correctness.classify import RulesError, load_rules
 from correctness.commands.levers import WIDTH
 from correctness.evidence import CLASSES, DECLARED, GPU_ONLY, GPU_RUN, STAND_IN, UPSTREAM, Evidence
 from correctness.fixtures import COMPONENT_TESTS_DIR
-from correctness.registry import KNOWN_LEVERS, RECIPE_GPU
+from correctness.lever_spec import RECIPE_GPU
+from correctness.registry import KNOWN_LEVERS
 from correctness.results import read_record, write_record
 from correctness.tiers import GPU_MARKERS, TIERS, cuda_only_markers
 from toy_records import GEMMA, toy_record

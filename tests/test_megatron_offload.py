@@ -10,6 +10,9 @@ import sys
 import pytest
 import torch
 
+from correctness.adam.arithmetic import QUANTITIES, clipped
+from correctness.adam.offload_setting import offload_setting
+from correctness.adam.split import CPU, GPU, offload_split, offload_summary
 from correctness.errors import PathUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
@@ -17,8 +20,7 @@ from correctness.optimizer import lever as offload
 from correctness.megatron.layout import RECIPE, SMOKE
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, megatron_split
 from correctness.optimizer.megatron_on_cpu import CpuFusedAdam, ReportsCuda, megatron_on_cpu, reports_cuda
-from correctness.optimizer.paths import QUANTITIES, EagerAdamW, OffloadSplit, TorchAdamW, clipped
-from correctness.optimizer.split import CPU, GPU, offload_split, offload_summary
+from correctness.optimizer.paths import EagerAdamW, OffloadSplit, TorchAdamW
 from correctness.provenance import package_version, provenance
 
 GEMMA_RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -30,7 +32,7 @@ PATCHED = ((torch.cuda, "Stream"), (torch.cuda, "Event"), (torch.cuda, "current_
 
 
 def setting(recipe_id, scale=SMOKE):
-    return offload.offload_setting(recipe_id, scale, LeverOptions())
+    return offload_setting(recipe_id, scale, LeverOptions())
 
 
 def whole_inventory(recipe_id):

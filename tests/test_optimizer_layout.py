@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
+from correctness.adam.config import optimizer_config
+from correctness.adam.split import CPU, GPU, offload_order, offload_orders, offload_split, offload_summary
+from correctness.adam.synthetic_values import synthetic_slice
 from correctness.errors import RecipeError, ShapeError
 from correctness.models import ModelFacts
-from correctness.optimizer.config import optimizer_config
 from correctness.megatron.layout import RECIPE, SMOKE, first_layer_of_each_kind, layer_kinds, param_slices
-from correctness.optimizer.split import CPU, GPU, offload_order, offload_orders, offload_split, offload_summary
-from correctness.optimizer.synthetic_values import synthetic_slice
 from optimizer_params import EMBEDDING, EMBEDDING_ROWS, LAYERS, nemotron_slices, recipe_slices
 
 

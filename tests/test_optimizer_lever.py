@@ -5,14 +5,9 @@ import math
 import pytest
 import torch
 
-from correctness.errors import CaseInputError, RecipeError
-from correctness.fixtures import recipe_path
-from correctness.harness import run_case
-from correctness.lever import LeverOptions
-from correctness.models import load_model
-from correctness.optimizer import lever as offload
-from correctness.optimizer.config import optimizer_config
-from correctness.optimizer.inputs import (
+from correctness.adam.arithmetic import QUANTITIES, megatron_clip_coefficient
+from correctness.adam.config import optimizer_config
+from correctness.adam.inputs import (
     DEFAULT_PRECLIP_NORMS,
     UNIT_ELEMENTS,
     gradient_scales,
@@ -20,17 +15,18 @@ from correctness.optimizer.inputs import (
     raw_gradient,
     row_blocks,
 )
+from correctness.adam.offload_setting import recipe_slices
+from correctness.adam.reference import Fp64AdamW
+from correctness.adam.synthetic_values import synthetic_slice
+from correctness.errors import CaseInputError, RecipeError
+from correctness.fixtures import recipe_path
+from correctness.harness import run_case
+from correctness.lever import LeverOptions
+from correctness.models import load_model
+from correctness.optimizer import lever as offload
 from correctness.megatron.layout import SMOKE
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
-from correctness.optimizer.paths import (
-    QUANTITIES,
-    EagerAdamW,
-    Fp64AdamW,
-    OffloadSplit,
-    TorchAdamW,
-    megatron_clip_coefficient,
-)
-from correctness.optimizer.synthetic_values import synthetic_slice
+from correctness.optimizer.paths import EagerAdamW, OffloadSplit, TorchAdamW
 from correctness.recipes import load_recipe
 from numerics import FP32_AGREEMENT
 from references.adamw import clip_coefficient
@@ -46,7 +42,7 @@ def gemma():
 
 def smoke_slices():
     recipe, model = gemma()
-    return offload.recipe_slices(recipe, model, SMOKE)
+    return recipe_slices(recipe, model, SMOKE)
 
 
 def units(slices=None, norms=DEFAULT_PRECLIP_NORMS):

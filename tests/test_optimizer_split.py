@@ -4,8 +4,8 @@ Megatron's optimizers (dense, expert) split on its own."""
 
 import pytest
 
+from correctness.adam.split import CPU, GPU, offload_order, offload_split, offload_summary
 from correctness.megatron.layout import ParamSlice
-from correctness.optimizer.split import CPU, GPU, offload_order, offload_split, offload_summary
 
 
 # --- the split's rules -------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-import correctness.optimizer.synthetic_values as synthetic_values_module
+import correctness.adam.synthetic_values as synthetic_values_module
 from correctness.megatron.layout import SMOKE
-from correctness.optimizer.synthetic_values import synthetic_slice
+from correctness.adam.synthetic_values import synthetic_slice
 from optimizer_params import nemotron_slices, recipe_slices
 
 

@@ -224,7 +224,8 @@ def test_a_case_that_raises_is_a_failed_case_in_the_record_and_the_lever_fails(p
     assert record["verdict"] == "fail"
     assert [(case["case_id"], case["status"]) for case in record["cases"]] == [("sum-n64-seed0", "pass"),
                                                                              ("sum-corrupt", "fail")]
-    assert record["cases"][1]["failures"] == ["ValueError: layer-00.safetensors: header too large"]
+    assert record["cases"][1]["failures"] == [{"kind": "error", "role": None, "tensor": None,
+                                               "text": "ValueError: layer-00.safetensors: header too large"}]
 
 
 def test_a_run_of_some_cases_only_is_incomplete(pytester):

@@ -74,7 +74,8 @@ def test_a_failed_case_counts_as_decided(tmp_path, records):
     held = store_record(records["complete"], tmp_path)
     failing = json.loads(json.dumps(records["complete"]))
     failing["cases"][1] = {**failing["cases"][1], "status": "fail", "candidate": None,
-                           "failures": ["ValueError: inputs unreadable"]}
+                           "failures": [{"kind": "error", "role": None, "tensor": None,
+                                                        "text": "ValueError: inputs unreadable"}]}
     assert store_record(failing, tmp_path) == held
     assert read_record(held)["cases"][1]["status"] == "fail"
 

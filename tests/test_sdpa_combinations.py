@@ -10,7 +10,7 @@ from correctness.attention import lever as attention
 from correctness.attention import packing
 from correctness.attention.combinations import dispatch_refusal, gpu_sdpa_levers, sdpa_combination
 from correctness.attention.inputs import synthetic_inputs
-from correctness.determinism import lever as determinism
+from correctness.composites.determinism import lever as determinism
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.recipe_sets import GEMMA, NEMOTRON
 from tests.attention_shapes import tiny_shape

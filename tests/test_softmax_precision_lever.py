@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import yaml
 
 from correctness.attention import softmax_precision
 from correctness.attention.eager import EagerUnfused
@@ -26,6 +25,7 @@ from correctness.harness import run_case
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.models import facts_for
 from correctness.recipes import load_recipe
+from correctness.registry import KNOWN_LEVERS
 from correctness import tiers
 
 GEMMA_RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -35,7 +35,6 @@ TEST_SCALE = Scale(name="test", kv_groups=1, seq_len=256, past_window=32, rows=1
 CPU = torch.device("cpu")
 FP32 = MegatronAttention(softmax_in_fp32=True)
 BF16 = MegatronAttention(softmax_in_fp32=False)
-ARGUMENTS_YAML = "correctness/rules/arguments.yaml"
 
 
 def shapes(recipe_id, scale=TEST_SCALE):
@@ -219,13 +218,11 @@ def test_the_lever_builds_from_both_recipes(recipe_id):
 def test_the_description_names_no_other_levers_test():
     """A recipe entry's title is the lever's description; classify finds a lever by its regexes, so
     this lever's description must match none of another lever's."""
-    with open(ARGUMENTS_YAML) as handle:
-        levers = yaml.safe_load(handle)["levers"]
     descriptions = [softmax_precision.DESCRIPTION]
     descriptions += [lever.description for lever in softmax_precision.gpu_tier(GEMMA_RECIPE, LeverOptions())]
     descriptions.append(softmax_precision.FUSION_DESCRIPTION)
-    for name, declared in levers.items():
+    for name, spec in KNOWN_LEVERS.items():
         if name == softmax_precision.NAME:
             continue
-        for pattern in declared["tests"]:
+        for pattern in spec.titles:
             assert not any(re.search(pattern, text, re.IGNORECASE) for text in descriptions), (name, pattern)

@@ -69,7 +69,7 @@ def test_the_eager_path_is_bitwise_tes_unfused_attention(name):
     """The cpu tier's default (correctness.attention.eager) is TE's own UnfusedDotProductAttention,
     bit for bit, in BF16: forward, backward and the sinks' gradient, every layout and feature (TE's
     BF16 GEMMs computed as cuBLAS does, as the eager path's are; te_on_cpu). The seven recipes'
-    smoke cases agree bitwise too (benchmarks/te_unfused_on_cpu.py, README)."""
+    smoke cases agree bitwise too (benchmarks/te_unfused_on_cpu.py, docs/te-on-cpu.md)."""
     inputs = synthetic_inputs(replace(SHAPES[name], dtype="bf16"), seed=3, device=CPU, variant="model-like")
     by_te, by_eager = TE_UNFUSED.run(inputs).tensors, EagerUnfused().run(inputs).tensors
     assert set(by_te) == set(by_eager)

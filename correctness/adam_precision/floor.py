@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from correctness.adam.inputs import OptimizerUnit
 from correctness.adam_precision.paths import StateDtypes, named_outputs
 from correctness.adam_precision.state import load, store
 from correctness.lever import PathOutput
-from correctness.optimizer.inputs import OptimizerUnit
 from references.adamw import adamw_run, clip_coefficient
 from references.rounding import round_to_nearest
 

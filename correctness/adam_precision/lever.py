@@ -51,19 +51,22 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from correctness import tiers
+from correctness.adam.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks
+from correctness.adam.offload_setting import OffloadSetting, offload_setting
+from correctness.adam.reference import Fp64AdamW
+from correctness.adam.share_summary import share_summary
+from correctness.adam.split import GPU
+from correctness.adam.synthetic_values import synthetic_slice
 from correctness.adam_precision.floor import FORMAT, ROUNDINGS, Fp64StoredAdamW
 from correctness.adam_precision.paths import EmulatedFusedAdam, StateDtypes, TeFusedAdamState
 from correctness.adam_precision.state import MASTER_FORMATS, MOMENT_FORMATS
 from correctness.errors import RecipeError
+from correctness.evidence import STAND_IN, Evidence
 from correctness.lever import (
     Case, Control, FormatFloor, Implementation, Lever, LeverOptions, NotApplicable, Streamed, Tier,
 )
-from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks
+from correctness.lever_spec import OPTIMIZER_READS, RECIPE_GPU, LeverSpec, TierTest
 from correctness.megatron.layout import RECIPE, SMOKE, ParamScale
-from correctness.optimizer.lever import OffloadSetting, offload_setting, share_summary
-from correctness.optimizer.paths import Fp64AdamW
-from correctness.optimizer.split import GPU
-from correctness.optimizer.synthetic_values import synthetic_slice
 from correctness.recipes import Recipe
 
 NAME = "precision-aware-adam"
@@ -157,7 +160,7 @@ def gpu_share_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) 
 
 
 def gpu_share_units(setting: OffloadSetting, seed: int, preclip_norms: tuple[float, ...]) -> Iterator[OptimizerUnit]:
-    """The GPU share's units, as the offload lever makes them (correctness.optimizer.inputs.
+    """The GPU share's units, as the offload lever makes them (correctness.adam.inputs.
     optimizer_units: the same weights and gradients, the clip's global norm over every slice),
     without drawing the CPU share's values."""
     scales, norms = gradient_scales(setting.slices, seed, preclip_norms)
@@ -343,3 +346,18 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     return [precision_lever(
         setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), path=TeFusedAdamState, keep_units=False,
     )]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="TE FusedAdam with lowered-precision optimizer state (--main-params-dtype, --exp-avg-dtype,"
+                " --exp-avg-sq-dtype) against FP32 state and FP64 over the recipe's GPU share, several steps",
+    titles=("lowered-precision optimizer state",),
+    tests=(
+        TierTest(test="test_precision_aware_adam_cpu", tier="cpu", factory=cpu_tier,
+                 doc="TE FusedAdam's state storage emulated on the CPU (EmulatedFusedAdam), at the smoke scale."),
+        TierTest(test="test_precision_aware_adam_te", tier=RECIPE_GPU, factory=recipe_gpu_tier),
+    ),
+    reads=(*OPTIMIZER_READS, "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),
+    evidence=Evidence(klass=STAND_IN, tier="cpu",
+                      what="EmulatedFusedAdam, a CPU stand-in for TE FusedAdam's kernel and state storage, checked"
+                           " against TE's source worked by hand"))

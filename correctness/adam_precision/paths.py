@@ -7,13 +7,13 @@ Both paths start as Megatron's distributed optimizer sets FusedAdam up for
 megatron/core/optimizer/__init__.py 365-387): the BF16 parameter shard, FP32 `decoupled_grad`s,
 `master_weights=True` with `master_weight_dtype` = `--main-params-dtype`, `exp_avg_dtype`,
 `exp_avg_sq_dtype`, `store_param_remainders` (True by default), AdamW mode; the gradients are
-clipped by the global norm as Megatron clips them (correctness.optimizer.paths.clipped), at the
+clipped by the global norm as Megatron clips them (correctness.adam.arithmetic.clipped), at the
 recipe's schedule.
 
 - `TeFusedAdamState` (the recipe's GPU tier): TE FusedAdam itself, on CUDA.
 - `EmulatedFusedAdam` (the CPU tier): a stand-in for TE's CUDA kernel, named as such in its backend.
   Each step loads the stored state into FP32 (correctness.adam_precision.state.load), runs the
-  offload lever's FP32 model of the kernel's arithmetic (correctness.optimizer.paths.
+  FP32 model of the kernel's arithmetic the offload lever shares (correctness.adam.arithmetic.
   fused_adam_arithmetic: hyperparameters rounded to FP32, bias corrections from the rounded betas),
   writes the BF16 parameter from the FP32 master the kernel computed (round to nearest even; the
   remainder kernel's rounding where masters are kept as remainders) and stores each state back
@@ -40,13 +40,13 @@ from dataclasses import dataclass
 
 import torch
 
+from correctness.adam.arithmetic import QUANTITIES, clipped, fused_adam_arithmetic
+from correctness.adam.inputs import OptimizerUnit
 from correctness.adam_precision.state import (
     STATE_FORMATS, StateFormat, Stored, join_remainder, load, split_remainder, state_format, store, zeros,
 )
 from correctness.errors import PathUnavailable
 from correctness.lever import PathOutput
-from correctness.optimizer.inputs import OptimizerUnit
-from correctness.optimizer.paths import QUANTITIES, clipped, fused_adam_arithmetic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 TRUNCATED = "lowered states truncated toward zero instead of rounded to nearest even"

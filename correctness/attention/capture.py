@@ -379,6 +379,92 @@ def _save(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
         raise
 
 
+def _check_capture_inputs(checkpoint: Path, folder: Path) -> None:
+    """What can be refused before anything loads: the folder, the capture extras, the checkpoint's config."""
+    _check_folder(folder)
+    for module in ("transformers", "pyarrow"):
+        if importlib.util.find_spec(module) is None:
+            raise CorrectnessError(f"capture needs {module}: pip install -e '.[capture]'")
+    if not (checkpoint / "config.json").is_file():
+        raise CaseInputError(f"checkpoint {checkpoint}: no config.json (not a Hugging Face checkpoint folder)")
+
+
+def _common_metadata(
+    facts: ModelFacts, recipe: Recipe, checkpoint: Path, revision: str | None, row: Row, delegate: str,
+    transformers_version: str,
+) -> dict[str, str]:
+    """The metadata every layer's capture file carries: the model, checkpoint, recipe, row and versions."""
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "model": facts.name, "model_short_name": facts.short_name,
+        "checkpoint": checkpoint.resolve().name, "revision": _revision(checkpoint, revision),
+        "recipe": recipe.id, "recipe_sha256": recipe.sha256,
+        "rows_file": row.path.name, "rows_file_sha256": row.sha256, "row_index": str(row.index),
+        "token_column": row.column, "dtype": "bf16", "attn_implementation": delegate,
+        "transformers": transformers_version, "torch": torch.__version__,
+    }
+
+
+def _capture_layer(
+    layer: int, shape: AttentionShape, kind, call: tuple[torch.Tensor, ...], kwargs: dict,
+    common: dict[str, str], folder: Path,
+) -> CapturedLayer:
+    """One layer's attention call checked against the facts, its rank's heads of q, k, v and out
+    (BSHD, BF16, on the CPU) written to the layer's capture file."""
+    query, key, value, out = call
+    _check_call(layer, kind, query, key, kwargs)
+    heads, groups = _heads_slice(shape)
+
+    def kept(x: torch.Tensor, which: slice, heads_dim: int) -> torch.Tensor:
+        x = x.narrow(heads_dim, which.start, which.stop - which.start)
+        x = x.transpose(1, 2) if heads_dim == 1 else x  # BHSD to BSHD
+        return x.to(device="cpu", dtype=torch.bfloat16).contiguous()
+
+    tensors = {"q": kept(query, heads, 1), "k": kept(key, groups, 1), "v": kept(value, groups, 1),
+               "out": kept(out, heads, 2)}
+    metadata = {
+        **common,
+        "layer": str(layer), "layer_kind": shape.layer_kind,
+        "window_hf": _json(kind.window), "window_te": _json(shape.window),
+        "softmax_scale": _json(float(kwargs["scaling"])), "head_dim": str(shape.head_dim),
+        "kv_groups": str(shape.groups), "query_heads": str(shape.heads),
+        "tp_rank": str(shape.tp_rank), "tp_size": str(shape.tp_size),
+        "batch": str(tensors["q"].shape[0]), "seq_len": str(tensors["q"].shape[1]),
+        "device": str(query.device),
+    }
+    path = checkpoint_file(folder, layer)
+    _save(path, tensors, metadata)
+    return CapturedLayer(
+        layer=layer, kind=shape.layer_kind, path=path, metadata=metadata,
+        shapes={name: tuple(t.shape) for name, t in tensors.items()},
+        out_rms=float(tensors["out"].float().square().mean().sqrt()),
+    )
+
+
+def _checked_decoder(model, facts: ModelFacts, checkpoint: Path, row: Row):
+    """The model's decoder, its layer count held to the facts and the row's tokens to its vocabulary."""
+    decoder = model.get_decoder()
+    stack = getattr(decoder, "layers", None)
+    if stack is None or len(stack) != facts.layers:
+        found = "no decoder layers" if stack is None else f"{len(stack)} decoder layers"
+        raise ShapeError(f"checkpoint {checkpoint}: {found}, the model facts say {facts.layers}")
+    vocab = decoder.config.vocab_size
+    if int(row.tokens.max()) >= vocab or int(row.tokens.min()) < 0:
+        raise CaseInputError(f"rows file {row.path}: row {row.index} holds token ids outside a vocabulary of {vocab}")
+    return decoder
+
+
+def _forward(decoder, row: Row, target: torch.device, result: CaptureResult) -> None:
+    """One forward pass over the row, stopped early once every layer is captured (`_Stop`)."""
+    if target.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(target)
+    try:
+        with torch.inference_mode():
+            decoder(input_ids=row.tokens.to(target), use_cache=False)
+    except _Stop:
+        result.stopped_early = True
+
+
 def capture_attention(
     *,
     checkpoint: str | Path,
@@ -401,12 +487,7 @@ def capture_attention(
         raise CorrectnessError(f"capture: unknown attention implementation {delegate!r} (known: {DELEGATES})")
     checkpoint, folder = Path(checkpoint), Path(folder)
     target = torch_device(device)
-    _check_folder(folder)
-    for module in ("transformers", "pyarrow"):
-        if importlib.util.find_spec(module) is None:
-            raise CorrectnessError(f"capture needs {module}: pip install -e '.[capture]'")
-    if not (checkpoint / "config.json").is_file():
-        raise CaseInputError(f"checkpoint {checkpoint}: no config.json (not a Hugging Face checkpoint folder)")
+    _check_capture_inputs(checkpoint, folder)
     facts = load_model_facts(recipe, model_facts)
     chosen = _chosen_layers(facts, layers)
     shapes = {layer: attention_shape(recipe, facts, facts.layer_kind(layer), RECIPE_SCALE, tp_rank) for layer in chosen}
@@ -418,15 +499,7 @@ def capture_attention(
     state = {"calls": 0, "left": set(chosen)}
     result = CaptureResult(folder=folder, row=row)
     _make_folder(folder)
-    common = {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "model": facts.name, "model_short_name": facts.short_name,
-        "checkpoint": checkpoint.resolve().name, "revision": _revision(checkpoint, revision),
-        "recipe": recipe.id, "recipe_sha256": recipe.sha256,
-        "rows_file": row.path.name, "rows_file_sha256": row.sha256, "row_index": str(row.index),
-        "token_column": row.column, "dtype": "bf16", "attn_implementation": delegate,
-        "transformers": transformers.__version__, "torch": torch.__version__,
-    }
+    common = _common_metadata(facts, recipe, checkpoint, revision, row, delegate, transformers.__version__)
     decoder_layers: dict[int, int] = {}
 
     def attend(module, query, key, value, attention_mask, **kwargs):
@@ -437,33 +510,8 @@ def capture_attention(
         state["calls"] += 1
         if layer in state["left"]:
             shape = shapes[layer]
-            _check_call(layer, facts.attention_kind(shape.layer_kind), query, key, kwargs)
-            heads, groups = _heads_slice(shape)
-
-            def kept(x: torch.Tensor, which: slice, heads_dim: int) -> torch.Tensor:
-                x = x.narrow(heads_dim, which.start, which.stop - which.start)
-                x = x.transpose(1, 2) if heads_dim == 1 else x  # BHSD to BSHD
-                return x.to(device="cpu", dtype=torch.bfloat16).contiguous()
-
-            tensors = {"q": kept(query, heads, 1), "k": kept(key, groups, 1), "v": kept(value, groups, 1),
-                       "out": kept(out, heads, 2)}
-            kind = facts.attention_kind(shape.layer_kind)
-            metadata = {
-                **common,
-                "layer": str(layer), "layer_kind": shape.layer_kind,
-                "window_hf": _json(kind.window), "window_te": _json(shape.window),
-                "softmax_scale": _json(float(kwargs["scaling"])), "head_dim": str(shape.head_dim),
-                "kv_groups": str(shape.groups), "query_heads": str(shape.heads),
-                "tp_rank": str(shape.tp_rank), "tp_size": str(shape.tp_size),
-                "batch": str(tensors["q"].shape[0]), "seq_len": str(tensors["q"].shape[1]),
-                "device": str(query.device),
-            }
-            path = checkpoint_file(folder, layer)
-            _save(path, tensors, metadata)
-            result.layers.append(CapturedLayer(
-                layer=layer, kind=shape.layer_kind, path=path, metadata=metadata,
-                shapes={name: tuple(t.shape) for name, t in tensors.items()},
-                out_rms=float(tensors["out"].float().square().mean().sqrt()),
+            result.layers.append(_capture_layer(
+                layer, shape, facts.attention_kind(shape.layer_kind), (query, key, value, out), kwargs, common, folder,
             ))
             state["left"].discard(layer)
             if not state["left"]:
@@ -475,22 +523,9 @@ def capture_attention(
     model = _load(checkpoint, target)
     result.load_seconds = time.perf_counter() - loading
     model.eval()
-    decoder = model.get_decoder()
-    stack = getattr(decoder, "layers", None)
-    if stack is None or len(stack) != facts.layers:
-        found = "no decoder layers" if stack is None else f"{len(stack)} decoder layers"
-        raise ShapeError(f"checkpoint {checkpoint}: {found}, the model facts say {facts.layers}")
-    decoder_layers.update((id(block.self_attn), index) for index, block in enumerate(stack))
-    vocab = decoder.config.vocab_size
-    if int(row.tokens.max()) >= vocab or int(row.tokens.min()) < 0:
-        raise CaseInputError(f"rows file {row.path}: row {row.index} holds token ids outside a vocabulary of {vocab}")
-    if target.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(target)
-    try:
-        with torch.inference_mode():
-            decoder(input_ids=row.tokens.to(target), use_cache=False)
-    except _Stop:
-        result.stopped_early = True
+    decoder = _checked_decoder(model, facts, checkpoint, row)
+    decoder_layers.update((id(block.self_attn), index) for index, block in enumerate(decoder.layers))
+    _forward(decoder, row, target, result)
     if state["left"]:
         missed = sorted(state["left"])
         raise ShapeError(f"checkpoint {checkpoint}: the forward pass never called attention on layers {missed}")

@@ -42,7 +42,11 @@ from references.attention import WORKING_SET_BYTES
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
 from correctness import tiers
+from correctness.evidence import UPSTREAM, Evidence, HeldEqual
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Implementation, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import GEMMA
+from correctness.wording import attention_backend
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.attention.shapes import AttentionShape, attention_shape
@@ -331,3 +335,28 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
             claims=True,
         )
     ]
+
+EAGER_HELD_TO_MEGATRON = HeldEqual(
+    test="tests/test_softmax_precision_lever.py::test_fp32_softmax_is_bitwise_the_eager_unfused_path",
+    upstream="Megatron's DotProductAttention with its FP32 softmax (bitwise)", needs_gpu=False)
+EAGER_HELD_TO_TE = HeldEqual(
+    test="tests/test_te_on_cpu.py::test_the_eager_path_is_bitwise_tes_unfused_attention",
+    upstream="TE 2.17's UnfusedDotProductAttention, its Python on the CPU (bitwise)", needs_gpu=False)
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="TE's attention backend (cuDNN fused, flash, unfused) against the default path and FP64, at the"
+                " recipe's shape",
+    titles=("attention backend", r"(fused|flash|unfused|cudnn) attention(?! over (two )?packed rows)"),
+    tests=(
+        TierTest(test="test_sdpa_flash_cpu_against_eager_unfused", tier="cpu", factory=cpu_tier, recipes=(GEMMA,)),
+        TierTest(test="test_sdpa_flash_cpu_against_te_unfused_on_cpu", tier="te-cpu", factory=te_cpu_tier,
+                 recipes=(GEMMA,)),
+        TierTest(test="test_sdpa_fused_against_eager_unfused", tier="gpu", factory=gpu_sdpa_tier, recipes=(GEMMA,)),
+        TierTest(test="test_te_auto_against_te_unfused", tier=RECIPE_GPU, factory=recipe_gpu_tier, recipes=(GEMMA,)),
+    ),
+    reads=(*SHAPE_READS, "layout.summary", "--attention-backend", "--qkv-format"),
+    evidence=Evidence(klass=UPSTREAM, tier="cpu", held_equal_by=(EAGER_HELD_TO_MEGATRON, EAGER_HELD_TO_TE),
+                      what="torch SDPA's flash CPU kernel (not TE's cuDNN or flash) against this project's eager"
+                           " unfused attention, bitwise TE 2.17's own unfused attention (te-cpu runs TE's)"),
+    entry_text=attention_backend.entry_text)

@@ -21,7 +21,10 @@ from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
 from correctness import tiers
+from correctness.evidence import UPSTREAM, Evidence
 from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, Mutated, NotApplicable, PathOutput, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import NEMOTRON
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.attention.shapes import AttentionShape, attention_shape
@@ -180,3 +183,19 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
         )
         for backend in ("auto", "fused")
     ]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="attention over rows packed into one THD microbatch (cumulative sequence lengths) against the same"
+                " rows one at a time and FP64",
+    titles=(r"packed rows \(THD\)",),
+    tests=(
+        TierTest(test="test_thd_packing_cpu", tier="cpu", factory=cpu_tier, recipes=(NEMOTRON,)),
+        TierTest(test="test_thd_packing_with_sdpa_fused_backends", tier="gpu", factory=gpu_sdpa_tier,
+                 recipes=(NEMOTRON,)),
+        TierTest(test="test_thd_packing_with_te", tier=RECIPE_GPU, factory=recipe_gpu_tier, recipes=(NEMOTRON,)),
+    ),
+    reads=(*SHAPE_READS, "--qkv-format"),
+    evidence=Evidence(klass=UPSTREAM, tier="cpu",
+                      what="torch SDPA's flash CPU kernel over packed rows against the same kernel row by row (the"
+                           " eager path, also run, is bitwise its rows)"))

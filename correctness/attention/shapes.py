@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from correctness.errors import ShapeError
-from correctness.model_config import same_model
+from correctness.heads import rank_heads
 from correctness.models import ModelFacts
 from correctness.recipes import Recipe
-from correctness.shapes import DTYPES, RECIPE_SCALE, Scale, qkv_format
+from correctness.shapes import DTYPES, RECIPE_SCALE, Scale, qkv_format, recipe_dtype
 
 
 
@@ -117,23 +117,8 @@ class AttentionShape:
 def attention_shape(
     recipe: Recipe, model: ModelFacts, kind: str, scale: Scale = RECIPE_SCALE, tp_rank: int = 0
 ) -> AttentionShape:
-    if not same_model(recipe.model, model.name):
-        raise ShapeError(f"recipe {recipe.id} is for {recipe.model}, not {model.name}")
-    facts = model.attention_kind(kind)
-    tp = recipe.tp
-    if not 0 <= tp_rank < tp:
-        raise ShapeError(f"recipe {recipe.id}: TP rank {tp_rank} outside 0..{tp - 1}")
-    if facts.query_heads % tp or (facts.kv_heads % tp and tp % facts.kv_heads):
-        raise ShapeError(
-            f"{model.name} {kind} attention: {facts.query_heads} query heads and {facts.kv_heads} key-value heads"
-            f" do not split over TP {tp}"
-        )
-    # Fewer key-value heads than TP ranks (Nemotron-3: 2 over TP 4): Megatron's attention.py gives each
-    # rank one group, the rank's own query heads attending it (megatron-core 0.16, the
-    # num_query_groups < world_size branch).
-    rank_groups = max(facts.kv_heads // tp, 1)
-    gqa_ratio = facts.query_heads // tp // rank_groups
-    groups = rank_groups if scale.kv_groups is None else min(rank_groups, scale.kv_groups)
+    heads = rank_heads(recipe, model, kind, scale.kv_groups, tp_rank)
+    facts = heads.facts
     seq_len = scale.seq_len or recipe.row_tokens
     if facts.window is not None and scale.past_window is not None:
         seq_len = facts.window + scale.past_window
@@ -143,26 +128,23 @@ def attention_shape(
             f"{scale.name} scale: sequence {seq_len} is not longer than the {kind} window {facts.window},"
             " so a wrong window would be invisible"
         )
-    precision = recipe.precision
-    if precision not in DTYPES:
-        raise ShapeError(f"recipe {recipe.id}: precision {precision!r} is not one of {sorted(DTYPES)}")
     return AttentionShape(
         model=model.short_name,
         layer_kind=kind,
         scale=scale.name,
-        tp_size=tp,
+        tp_size=recipe.tp,
         tp_rank=tp_rank,
         batch=scale.rows or recipe.rows_per_microbatch,
         seq_len=seq_len,
-        heads=groups * gqa_ratio,
-        groups=groups,
-        head_dim=facts.head_dim,
-        v_head_dim=facts.v_head_dim,
+        heads=heads.heads,
+        groups=heads.groups,
+        head_dim=heads.head_dim,
+        v_head_dim=heads.v_head_dim,
         window=window,
         causal=True,
         softmax_scale=facts.softmax_scale,
         softcap=facts.logit_softcap,
         sinks=facts.sinks,
-        dtype=precision,
+        dtype=recipe_dtype(recipe),
         qkv_format=qkv_format(recipe),
     )

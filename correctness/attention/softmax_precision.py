@@ -45,7 +45,10 @@ from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.megatron_softmax import MegatronAttention
 from correctness.attention.reference import Fp64Reference
 from correctness.shapes import RECIPE_SCALE, Scale, SMOKE_SCALE
+from correctness.evidence import GPU_ONLY, UPSTREAM, Evidence
 from correctness.lever import Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.lever_spec import SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import GEMMA
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
 
@@ -164,3 +167,26 @@ def fusion_gpu_tier(recipe_id: str, options: LeverOptions, scale: Scale = SMOKE_
             default=MegatronAttention(softmax_in_fp32=True), options=options, description=FUSION_DESCRIPTION,
         )
     ]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="Megatron's core attention (DotProductAttention) with its softmax in BF16 against FP32, and its"
+                " fused masked-softmax kernel against its torch softmax, and FP64, at the recipe's shape",
+    titles=("softmax in BF16 against its softmax in FP32", "fused masked-softmax kernel"),
+    tests=(
+        TierTest(test="test_megatron_softmax_bf16_against_fp32_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 recipes=(GEMMA,)),
+        TierTest(test="test_megatron_softmax_bf16_against_fp32_gpu", tier="gpu", factory=gpu_tier, recipes=(GEMMA,)),
+        TierTest(test="test_megatron_fused_masked_softmax_against_torch_softmax_gpu", tier="gpu",
+                 factory=fusion_gpu_tier, recipes=(GEMMA,),
+                 doc="`--no-masked-softmax-fusion`: Megatron's fused masked-softmax kernel (where its CUDA extension"
+                     " is built and the shape is one it takes) against its torch softmax."),
+    ),
+    reads=(*SHAPE_READS, "--attention-softmax-in-fp32", "--apply-query-key-layer-scaling",
+           "--no-masked-softmax-fusion", "--qkv-format"),
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu", gpu_description="softmax in BF16 against",
+                      what="Megatron's DotProductAttention with its softmax in BF16 against FP32"
+                           " (FusedScaleMaskSoftmax's torch path)"),
+    argument_evidence={"--no-masked-softmax-fusion": Evidence(
+        klass=GPU_ONLY, tier="gpu", gpu_description="fused masked-softmax kernel",
+        what="Megatron's fused masked-softmax kernel is CUDA only: the CPU tier runs fusion off on both sides")})

@@ -5,8 +5,8 @@
 First the numerics arguments of the rules file (correctness/rules/arguments.yaml) counted by the
 strongest evidence the suite has for them (correctness/evidence.py: gpu-run, upstream, stand-in,
 bookkeeping, gpu-only), then each argument's evidence, where it ran and its levers, then one row per
-lever (correctness/registry.py) with its evidence and the test that holds a stand-in equal to
-upstream, where one does, and last the numerics arguments without a lever, with the reason. An
+lever (its spec, listed in correctness/registry.py) with its evidence and the test that holds a
+stand-in equal to upstream, where one does, and last the numerics arguments without a lever, with the reason. An
 argument several levers cover takes the strongest of theirs. A change of a numerics argument without
 a lever needs review (`correctness classify`).
 
@@ -44,7 +44,8 @@ from correctness.evidence import (
     read_results,
     strongest,
 )
-from correctness.registry import KNOWN_LEVERS, RECIPE_GPU
+from correctness.lever_spec import RECIPE_GPU
+from correctness.registry import KNOWN_LEVERS
 from correctness.report import format_table
 from correctness.tiers import GPU_MARKERS
 

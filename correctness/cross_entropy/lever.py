@@ -55,7 +55,9 @@ from correctness.cross_entropy.paths import (
 )
 from correctness.cross_entropy.ranks import TE
 from correctness.distributed import DEFAULT_TIMEOUT
+from correctness.evidence import GPU_ONLY, UPSTREAM, Evidence
 from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.rule import DEFAULT_RULE
@@ -234,3 +236,24 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
     return [cross_entropy_lever(recipe, tier=tier, scale="one-gpu", options=options, candidate=TE_PATH)]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="Megatron's fused vocab-parallel cross entropy (impl native) or TE's parallel cross entropy (impl te)"
+                " against the unfused vocab-parallel one and FP64 over the full vocabulary, per-token loss and logits"
+                " gradient at TP 1 and 2",
+    titles=("cross-entropy fusion",),
+    tests=(
+        TierTest(test="test_cross_entropy_fusion_native_on_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 doc="Megatron's own fused and unfused functions on 1 and 2 gloo ranks, on the CPU."),
+        TierTest(test="test_cross_entropy_fusion_native_on_gpu", tier="megatron", factory=megatron_gpu_tier),
+        TierTest(test="test_cross_entropy_fusion_with_te", tier=RECIPE_GPU, factory=recipe_gpu_tier),
+    ),
+    reads=(*SHAPE_READS, "workload.dataset.build.supervised_token_ratio", "--cross-entropy-loss-fusion"),
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                      what="Megatron's native fused vocab-parallel cross entropy against its unfused one on gloo"
+                           " ranks, TP 1 and 2"),
+    argument_evidence={"--cross-entropy-fusion-impl": Evidence(
+        klass=GPU_ONLY, tier=RECIPE_GPU, gpu_description="TE's parallel cross entropy",
+        what="its other value, te (TE's parallel cross entropy), runs only on the recipe's GPU; the CPU tier runs"
+             " native, the default")})

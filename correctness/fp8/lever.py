@@ -46,7 +46,9 @@ from correctness.fp8.inputs import LinearInputs, amax_histories, draw_tensors
 from correctness.fp8.paths import MISTAKES, Bf16Linear, EmulatedFp8Linear, Fp64Linear, Fp64OnFp8Operands
 from correctness.fp8.scaling import AMAX_ALGOS, FORMATS, RECIPES, Fp8Config
 from correctness.fp8.te_linear import TeLinear
+from correctness.evidence import STAND_IN, Evidence
 from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import ModelFacts, facts_for
 from correctness.megatron.layout import RECIPE, param_slices
 from correctness.recipes import Recipe, lever_recipe
@@ -319,3 +321,25 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [fp8_lever(recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale="recipe", options=options,
                       candidate=TeLinear("te-linear-fp8", fp8=True))]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="a linear layer's forward and backward in FP8 (TE's delayed, tensorwise, blockwise or MXFP8 scaling)"
+                " against BF16 and FP64, at the recipe's TP shard",
+    titles=("forward and backward in FP8",),
+    tests=(
+        TierTest(test="test_fp8_linear_cpu", tier="cpu", factory=cpu_tier,
+                 doc="torch's float8 dtypes, smoke scale; the GEMMs with Hopper's arithmetic (mmaemu hopper-te: the"
+                     " H100 PCIe's, the nearest chip mmaemu models to the recipe's H100 SXM / H200) on delayed and"
+                     " tensorwise scaling, the FP32 stand-in on blockwise and MXFP8 (the record says which ran)."),
+        TierTest(test="test_fp8_linear_with_te", tier=RECIPE_GPU, factory=recipe_gpu_tier,
+                 doc="TE's Linear under te.autocast with the FP8 recipe, against TE's Linear in BF16, recipe scale."),
+    ),
+    reads=(*SHAPE_READS, "layout.ep", "--fp8-format", "--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len",
+           "--fp8-amax-compute-algo", "--no-gradient-accumulation-fusion"),
+    evidence=Evidence(klass=STAND_IN, tier="cpu",
+                      what="TE's four scaling recipes in torch's float8 dtypes; delayed and tensorwise GEMMs with"
+                           " Hopper's FP8 arithmetic (mmaemu 0.1.0 hopper-te: the H100 PCIe's, the nearest chip it"
+                           " models to the recipes' H100 SXM / H200; fprop with fast accumulation, dgrad and wgrad"
+                           " with the split accumulator, as TE), blockwise and MXFP8 with an FP32 GEMM stand-in"
+                           " (probed against torch._scaled_mm where the CPU takes the layout)"))

@@ -44,7 +44,9 @@ from correctness.grad_accumulation.inputs import (
 )
 from correctness.grad_accumulation.megatron_wgrad import DROPPED, STALE, MegatronWgrad, fused_extension
 from correctness.grad_accumulation.te_wgrad import TeWgrad
+from correctness.evidence import UPSTREAM, Evidence
 from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, PathOutput, Tier
+from correctness.lever_spec import DATA_PARALLEL, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
 from references.rounding import round_to_nearest
@@ -193,3 +195,20 @@ def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
 
 
 __all__ = ["NAME", "VERSION", "DESCRIPTION", "cpu_tier", "megatron_gpu_tier", "accumulation_lever", "wgrad_floor"]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="gradient accumulation without the fusion: a linear layer's weight gradient rounded to BF16 per"
+                " microbatch and added to the FP32 main_grad, against the fused FP32 accumulation and an FP64 sum",
+    titles=("gradient accumulation without the fusion",),
+    tests=(
+        TierTest(test="test_gradient_accumulation_fusion_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 doc="Megatron's linear autograd function and DDP's hook on the CPU (shims:"
+                     " grad_accumulation/megatron_wgrad.py)."),
+        TierTest(test="test_gradient_accumulation_fusion_gpu", tier="megatron", factory=megatron_gpu_tier),
+    ),
+    reads=(*SHAPE_READS, *DATA_PARALLEL, "workload.global_batch", "--grad-reduce-in-bf16",
+           "--no-gradient-accumulation-fusion"),
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                      what="Megatron's linear autograd function and DDP's hook, BF16 wgrad per microbatch, against its"
+                           " fused branch on apex's FP32 GEMM-accumulate arithmetic"))

@@ -20,7 +20,10 @@ from typing import Any
 import torch
 
 from correctness import tiers
+from correctness.evidence import STAND_IN, Evidence
 from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever_spec import SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import NEMOTRON
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.shapes import DTYPES, qkv_format
@@ -165,3 +168,16 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
 
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale="recipe", options=options)]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="the per-token loss summed over packed rows against the same sum row by row and FP64",
+    titles=("loss summed over packed rows",),
+    tests=(
+        TierTest(test="test_packed_loss_cpu", tier="cpu", factory=cpu_tier, recipes=(NEMOTRON,)),
+        TierTest(test="test_packed_loss_gpu", tier="gpu", factory=gpu_tier, recipes=(NEMOTRON,)),
+    ),
+    reads=(*SHAPE_READS, "workload.dataset.build.supervised_token_ratio", "--qkv-format"),
+    evidence=Evidence(klass=STAND_IN, tier="cpu",
+                      what="this project's per-token loss sum (torch's FP32 cross entropy, masked, summed) over packed"
+                           " rows against row by row; not the training loop's own loss code"))

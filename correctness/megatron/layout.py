@@ -17,7 +17,7 @@ the expert's bias, which TE's GroupedLinear registers right after each expert's 
 the slice then has no `sources` at any scale and `unsupported_source` says why)."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -572,22 +572,9 @@ def _check_rank(model: ModelFacts, rank: object, size: int, what: str) -> int:
     return rank
 
 
-def param_slices(
-    model: ModelFacts,
-    *,
-    tp: int,
-    tp_rank: int,
-    layers: Sequence[int],
-    embedding_rows: int,
-    scale: ParamScale = RECIPE,
-    ep: int = 1,
-    ep_rank: int = 0,
-    etp: int = 1,
-) -> tuple[ParamSlice, ...]:
-    """TP rank `tp_rank` and EP rank `ep_rank`'s slices of the embedding (its first `embedding_rows`
-    vocabulary rows) and of every parameter of `layers`, in model order, at `scale`. Routed experts
-    are the EP rank's local experts, whole (ETP 1); they belong to the "expert" optimizer when EP > 1,
-    every other tensor to the "dense" one."""
+def _check_parallel_sizes(
+    model: ModelFacts, scale: ParamScale, tp: int, tp_rank: int, ep: int, ep_rank: int, etp: int
+) -> None:
     if not isinstance(scale, ParamScale) or not isinstance(scale.divisor, int) or scale.divisor < 1:
         raise ShapeError(f"parameter scale {scale!r}: expected a ParamScale with a positive integer divisor")
     if not _count(tp) or tp < 1:
@@ -600,6 +587,10 @@ def param_slices(
         raise ShapeError(f"{model.name}: ETP size {etp!r} must be a positive integer")
     if etp != 1:
         raise ShapeError(f"{model.name}: expert tensor parallelism {etp} is not modelled (ETP 1 only)")
+
+
+def _checked_layers(model: ModelFacts, layers: Sequence[int]) -> list[int]:
+    """The layers as a list: integers, each in the model, none twice."""
     layer_list = list(layers)
     for layer in layer_list:
         if not _count(layer):
@@ -607,6 +598,11 @@ def param_slices(
         model.layer_kind(layer)  # RecipeError naming the layer when it is outside the model
         if layer_list.count(layer) > 1:
             raise ShapeError(f"{model.name}: layer {layer} is listed twice")
+    return layer_list
+
+
+def _vocab_part(model: ModelFacts, tp: int, tp_rank: int, embedding_rows: int) -> int:
+    """The vocabulary rows of one TP rank, with `embedding_rows` checked to lie within them."""
     vocab = _positive(model, "vocab_size")
     vocab_part = _split(vocab, tp, f"{model.name}: vocabulary")
     if not _count(embedding_rows) or not 1 <= embedding_rows <= vocab_part:
@@ -614,9 +610,14 @@ def param_slices(
             f"{model.name}: embedding rows {embedding_rows!r} outside 1..{vocab_part}"
             f" (TP rank {tp_rank}'s part of the {vocab}-row vocabulary)"
         )
-    d = scale.divisor
-    hidden = _Dimensions(model, None, scale)["hidden"]
-    rows = _divide(embedding_rows, d, "embedding rows", scale)
+    return vocab_part
+
+
+def _slice_maker(
+    model: ModelFacts, scale: ParamScale, tp: int, tp_rank: int, ep: int, ep_rank: int
+) -> Callable[..., ParamSlice]:
+    """Makes a ParamSlice at these ranks and scale, with its synthetic magnitudes (the comment
+    above `_number`) and, at the recipe scale, its checkpoint pieces."""
     gain_mean, gain_std, embedding_std = _synthetic_magnitudes(model)
     with_sources = scale.divisor == 1
 
@@ -641,17 +642,29 @@ def param_slices(
             ep=ep, ep_rank=ep_rank, expert=expert, unsupported_source=unsupported,
         )
 
+    return make
+
+
+def _embedding_slice(
+    model: ModelFacts, make: Callable[..., ParamSlice], start: int, rows: int, hidden: int
+) -> ParamSlice:
+    """The embedding's rows [start, start + rows) at the slice's scale."""
     embedding = model.field("megatron.embedding")
     if not isinstance(embedding, dict) or not isinstance(embedding.get("name"), str):
         raise _spec_error(model, "field megatron.embedding must name the embedding")
-    start = tp_rank * vocab_part
     table = checkpoint_tensor(model, str(embedding.get("source", "")))
     piece = SourcePiece(tensor=table, rows=(start, start + rows), cols=(0, hidden), at=0)
-    slices = [make(0, embedding["name"], (rows, hidden), None, None, "embedding", None, [piece])]
+    return make(0, embedding["name"], (rows, hidden), None, None, "embedding", None, [piece])
 
+
+def _add_layer_slices(
+    slices: list[ParamSlice], model: ModelFacts, make: Callable[..., ParamSlice], layers: list[int],
+    scale: ParamScale, tp: int, tp_rank: int, ep: int, ep_rank: int,
+) -> None:
+    """Appends every parameter of `layers` (in model order) to `slices`, each indexed by its place."""
     prefix = model.field("megatron.layer_prefix")
     kinds: dict[str, _Kind] = {}
-    for layer in sorted(layer_list):
+    for layer in sorted(layers):
         kind_name = model.layer_kind(layer)
         if kind_name not in kinds:
             kinds[kind_name] = _layer_kind(model, kind_name, scale)
@@ -668,6 +681,32 @@ def param_slices(
             name = prefix.format(layer=layer) + spec["name"]
             slices.append(make(len(slices), name, shape, layer, kind_name, spec["kind"], fan_in, pieces, init,
                                unsupported=_unsupported(model, spec)))
+
+
+def param_slices(
+    model: ModelFacts,
+    *,
+    tp: int,
+    tp_rank: int,
+    layers: Sequence[int],
+    embedding_rows: int,
+    scale: ParamScale = RECIPE,
+    ep: int = 1,
+    ep_rank: int = 0,
+    etp: int = 1,
+) -> tuple[ParamSlice, ...]:
+    """TP rank `tp_rank` and EP rank `ep_rank`'s slices of the embedding (its first `embedding_rows`
+    vocabulary rows) and of every parameter of `layers`, in model order, at `scale`. Routed experts
+    are the EP rank's local experts, whole (ETP 1); they belong to the "expert" optimizer when EP > 1,
+    every other tensor to the "dense" one."""
+    _check_parallel_sizes(model, scale, tp, tp_rank, ep, ep_rank, etp)
+    layer_list = _checked_layers(model, layers)
+    vocab_part = _vocab_part(model, tp, tp_rank, embedding_rows)
+    hidden = _Dimensions(model, None, scale)["hidden"]
+    rows = _divide(embedding_rows, scale.divisor, "embedding rows", scale)
+    make = _slice_maker(model, scale, tp, tp_rank, ep, ep_rank)
+    slices = [_embedding_slice(model, make, tp_rank * vocab_part, rows, hidden)]
+    _add_layer_slices(slices, model, make, layer_list, scale, tp, tp_rank, ep, ep_rank)
     return tuple(slices)
 
 

@@ -42,7 +42,10 @@ import torch
 
 from correctness import tiers
 from correctness.shapes import DTYPES
+from correctness.evidence import UPSTREAM, Evidence
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, NotApplicable, Tier
+from correctness.lever_spec import EXPERT_LAYOUT, SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import GEMMA, LLAMA, MOONLIGHT, NEMOTRON
 from correctness.mlp.paths import (
     FUSED, UNFUSED, Fp64Swiglu, MegatronSwiglu, SwigluInputs, WrongGatedUnit, swapped_inputs, unbiased_inputs,
     unswapped_gradients, unweighted_inputs,
@@ -227,3 +230,21 @@ def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Megatron's fused SwiGLU on a CUDA GPU (its jit_fuser compiles Triton kernels), recipe scale."""
     recipe = lever_recipe(recipe_id, options.recipe)
     return [swiglu_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options)]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="Megatron's fused bias-SwiGLU (bias_swiglu_impl; weighted_bias_swiglu_impl in routed experts;"
+                " torch.compile) against the unfused SwiGLU and FP64, activation output and gradients at the FFN width"
+                " per TP rank",
+    titles=("bias-swiglu fusion",),
+    tests=(
+        TierTest(test="test_bias_swiglu_fusion_on_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 recipes=(GEMMA, NEMOTRON, LLAMA),
+                 doc="Megatron's fused SwiGLU compiled for the CPU against its unfused SwiGLU."),
+        TierTest(test="test_bias_swiglu_fusion_on_gpu", tier="megatron", factory=megatron_gpu_tier,
+                 recipes=(GEMMA, NEMOTRON, LLAMA, MOONLIGHT)),
+    ),
+    reads=(*SHAPE_READS, *EXPERT_LAYOUT, "--disable-bias-linear", "--moe-router-dtype"),
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                      what="Megatron's bias_swiglu_impl compiled by inductor's CPU backend against its unfused SwiGLU,"
+                           " in its own MLP.forward"))

@@ -19,7 +19,10 @@ from typing import Any
 from functools import partial
 
 from correctness import tiers
+from correctness.evidence import BOOKKEEPING, Evidence
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import NEMOTRON, QWEN3_MOE
 from correctness.models import facts_for
 from correctness.moe import experts
 from correctness.moe.shapes import MoeShape, moe_shape
@@ -99,3 +102,20 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
     return [grouped_gemm_lever(recipe, tier=tier, scale="recipe", options=options, candidate=experts.TeGroupedLinear())]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="the experts' GEMMs grouped (torch's grouped matmul on the CPU, TE's GroupedLinear on the GPU) against"
+                " one GEMM per expert (Megatron's SequentialMLP) and FP64, output and input, routing-weight and"
+                " per-expert weight gradients",
+    titles=("MoE grouped GEMM",),
+    tests=(
+        TierTest(test="test_moe_grouped_gemm_on_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 recipes=(NEMOTRON, QWEN3_MOE), doc="torch's CPU grouped matmul against Megatron's SequentialMLP."),
+        TierTest(test="test_moe_grouped_gemm_with_te", tier=RECIPE_GPU, factory=recipe_gpu_tier,
+                 recipes=(NEMOTRON, QWEN3_MOE)),
+    ),
+    reads=(*SHAPE_READS, "layout.ep", "--moe-grouped-gemm", "--moe-router-dtype"),
+    evidence=Evidence(klass=BOOKKEEPING, tier="megatron-cpu",
+                      what="torch's CPU grouped_mm is bitwise Megatron's SequentialMLP: offsets, an empty expert and"
+                           " per-expert gradients, not TE's grouped GEMM's rounding"))

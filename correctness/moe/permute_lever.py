@@ -27,7 +27,10 @@ from typing import Any
 from functools import partial
 
 from correctness import tiers
+from correctness.evidence import BOOKKEEPING, Evidence
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import NEMOTRON, QWEN3_MOE
 from correctness.models import facts_for
 from correctness.moe import permutation
 from correctness.moe.shapes import MoeShape, moe_shape
@@ -121,3 +124,31 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     tier = replace(tier, markers=(*tier.markers, "megatron"))
     return permute_levers(recipe, tier=tier, scale="recipe", options=options,
                           candidate=permutation.MegatronPermutation(fused=True))
+
+# One factory builds both levers: they share their tests.
+TESTS = (
+    TierTest(test="test_moe_permute_fusion_on_cpu", tier="megatron-cpu", factory=cpu_tier,
+             recipes=(NEMOTRON, QWEN3_MOE),
+             doc="The torch stand-in of TE's permutation arithmetic against Megatron's torch permute and unpermute."),
+    TierTest(test="test_moe_permute_fusion_with_te", tier=RECIPE_GPU, factory=recipe_gpu_tier,
+             recipes=(NEMOTRON, QWEN3_MOE)),
+)
+READS = (*SHAPE_READS, "layout.ep", "--moe-permute-fusion", "--moe-router-dtype")
+
+EXACT_SPEC = LeverSpec(
+    name=EXACT_NAME, version=VERSION,
+    description="the gathers of the MoE token permutation, fused against Megatron's torch permutation and FP64, bit"
+                " for bit",
+    titles=("MoE permute fusion, the gathers",),
+    tests=TESTS, reads=READS,
+    evidence=Evidence(klass=BOOKKEEPING, tier="megatron-cpu",
+                      what="the gathers of a torch stand-in of TE's permutation against Megatron's torch permute:"
+                           " bitwise by the lever's rule"))
+SUMS_SPEC = LeverSpec(
+    name=SUMS_NAME, version=VERSION,
+    description="the top-k sums of the MoE unpermute, fused against Megatron's torch combine and FP64",
+    titles=("MoE permute fusion, the top-k sums",),
+    tests=TESTS, reads=READS,
+    evidence=Evidence(klass=BOOKKEEPING, tier="megatron-cpu",
+                      what="the stand-in's FP32-accumulated top-k sums are bitwise Megatron's torch combine on the"
+                           " CPU; they differ on CUDA (atomic BF16 adds)"))

@@ -1,1 +1,3 @@
-"""The optimizer-offload lever's parameters: Megatron's TP slices, their values, and the CPU/GPU split."""
+"""The optimizer-offload lever: its paths (torch AdamW, eager, TE FusedAdam, Megatron's own
+HybridDeviceOptimizer), checkpoint values, and its tiers. The Adam machinery it shares with the
+precision-aware-Adam lever (settings, inputs, synthetic values, the split) is in correctness/adam/."""

@@ -24,33 +24,23 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.lever import (
-    Case, Control, Implementation, Invariant, Lever, LeverOptions, Mutated, NotApplicable, Streamed, Tier,
-)
-from correctness.models import ModelFacts, facts_for
+from correctness.adam.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
+from correctness.adam.offload_setting import EMBEDDING_ROWS, TP_RANK, OffloadSetting, offload_setting
+from correctness.adam.reference import Fp64AdamW
+from correctness.adam.share_summary import share_summary
+from correctness.adam.split import GPU, offload_summary
+from correctness.adam.synthetic_values import synthetic_slice
+from correctness.evidence import UPSTREAM, Evidence
+from correctness.lever import Case, Control, Implementation, Invariant, Lever, LeverOptions, Mutated, Streamed, Tier
+from correctness.lever_spec import OPTIMIZER_READS, RECIPE_GPU, LeverSpec, TierTest
+from correctness.wording import optimizer_offload
 from correctness.optimizer.checkpoint_values import load_slice
-from correctness.optimizer.config import OptimizerConfig, optimizer_config
-from correctness.optimizer.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
-from correctness.megatron.layout import RECIPE, SMOKE, ParamScale, ParamSlice, first_layer_of_each_kind, param_slices
+from correctness.megatron.layout import RECIPE, SMOKE, ParamScale, first_layer_of_each_kind
 from correctness.optimizer.megatron import AllUnits, MegatronHybrid, WholeInventory
-from correctness.optimizer.paths import (
-    QUANTITIES,
-    EagerAdamW,
-    Fp64AdamW,
-    OffloadSplit,
-    TeFusedAdam,
-    TorchAdamW,
-)
-from correctness.optimizer.split import CPU, GPU, offload_split, offload_summary
-from correctness.optimizer.synthetic_values import synthetic_slice
-from correctness.recipes import Recipe, lever_recipe
-from correctness.results import CaseResult
+from correctness.optimizer.paths import EagerAdamW, OffloadSplit, TeFusedAdam, TorchAdamW
 
 NAME = "optimizer-offload"
 VERSION = 1
-EMBEDDING_ROWS = 8192  # the Gemma recipe's component test slices embedding rows 0-8,191
-TP_RANK = 0
-EP_RANK = 0
 SYNTHETIC_SEED = 0
 
 
@@ -92,44 +82,6 @@ class OffloadShape:
             for name, shape, optimizer, share in self.inventory
         ]
         return {"id": self.id, **fields, "gpu_share": self.gpu_parameters / self.parameters}
-
-
-def recipe_slices(recipe: Recipe, model: ModelFacts, scale: ParamScale) -> tuple[ParamSlice, ...]:
-    """TP rank 0 (and EP rank 0)'s slices of the first layer of every layer kind and of the embedding."""
-    return param_slices(
-        model, tp=recipe.tp, tp_rank=TP_RANK, layers=first_layer_of_each_kind(model),
-        embedding_rows=EMBEDDING_ROWS, scale=scale,
-        ep=recipe.positive_int("layout.ep"), ep_rank=EP_RANK, etp=recipe.positive_int("layout.etp"),
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class OffloadSetting:
-    """A recipe's offload lever at one scale: its optimizer settings, slices and their split."""
-
-    recipe: Recipe
-    model: ModelFacts
-    scale: ParamScale
-    config: OptimizerConfig
-    slices: tuple[ParamSlice, ...]
-    shares: Mapping[str, str]
-
-    @property
-    def fraction(self) -> float:
-        return self.config.offload_fraction
-
-
-def offload_setting(recipe_id: str, scale: ParamScale, options: LeverOptions) -> OffloadSetting:
-    recipe = lever_recipe(recipe_id, options.recipe)
-    if recipe.argument("--optimizer-cpu-offload") is None:
-        raise NotApplicable(f"recipe {recipe.id} does not offload the optimizer (no --optimizer-cpu-offload)")
-    model = facts_for(recipe, options.model)
-    config = optimizer_config(recipe)
-    slices = recipe_slices(recipe, model, scale)
-    return OffloadSetting(
-        recipe=recipe, model=model, scale=scale, config=config, slices=slices,
-        shares=offload_split(slices, config.offload_fraction),
-    )
 
 
 def offload_shape(setting: OffloadSetting, preclip_norms: tuple[float, ...]) -> OffloadShape:
@@ -182,55 +134,6 @@ def offload_cases(setting: OffloadSetting, options: LeverOptions, whole: bool) -
             required=False,
         ),
     )
-
-
-def _pooled(judgements: list[Any], names: set[str], quantity: str) -> dict[str, Any]:
-    """Errors of several tensors pooled as one: sqrt(sum of squared errors) / sqrt(sum of ||ref||^2)."""
-    chosen = [t for t in judgements if t.tensor.split(":")[0] in names and t.tensor.endswith(f":{quantity}")]
-    if not chosen:
-        return {}
-    reference = math.sqrt(sum(t.reference_norm**2 for t in chosen)) or 1.0
-    error = math.sqrt(sum((t.error * t.reference_norm) ** 2 for t in chosen)) / reference
-    default = math.sqrt(sum((t.default_error * t.reference_norm) ** 2 for t in chosen)) / reference
-    ratios = [t.ratio for t in chosen if t.ratio is not None]
-    return {
-        "error": error,
-        "default_error": default,
-        "ratio": error / default if default > 0 else None,
-        "tensor_ratios": [min(ratios), max(ratios)] if ratios else None,
-        "bitwise_identical": all(t.bitwise_identical for t in chosen),
-    }
-
-
-def share_summary(shares: Mapping[str, str], numel: Mapping[str, int]):
-    """The lever's summary: per share, the pooled errors of each quantity, the bitwise identity of
-    the CPU share with the default, the tensors that pass only on the slack, and the errors against
-    the FP64 reference with FP32-rounded hyperparameters."""
-
-    def summarize(case: CaseResult) -> dict[str, Any]:
-        summary: dict[str, Any] = {}
-        for share in (CPU, GPU):
-            names = {name for name, side in shares.items() if side == share}
-            if not names:
-                continue
-            tensors = list(case.candidate.tensors)
-            entry: dict[str, Any] = {
-                "tensors": len(names),
-                "parameters": sum(numel[n] for n in names),
-                "quantities": {q: _pooled(tensors, names, q) for q in QUANTITIES},
-                "bitwise_identical_to_default": all(
-                    t.bitwise_identical for t in tensors if t.tensor.split(":")[0] in names
-                ),
-                "slack_only": [t.tensor for t in tensors if t.slack_only and t.tensor.split(":")[0] in names],
-            }
-            for secondary in case.secondary:
-                entry[f"against {secondary.run.path}"] = {
-                    q: _pooled(list(secondary.tensors), names, q) for q in QUANTITIES
-                }
-            summary[share] = entry
-        return summary
-
-    return summarize
 
 
 def unclipped(unit: OptimizerUnit) -> OptimizerUnit:
@@ -379,3 +282,22 @@ def megatron_cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale =
             candidate=megatron_candidate(setting, tiers.MEGATRON_CPU.device),
         )
     ]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="the CPU optimizer offload at the candidate's fraction (GPU share on TE FusedAdam) against fraction"
+                " 1.0 (all torch AdamW on the CPU) and FP64",
+    titles=("optimizer offload", "offload fraction"),
+    tests=(
+        TierTest(test="test_offload_fraction_cpu", tier="cpu", factory=cpu_tier),
+        TierTest(test="test_offload_with_megatron_hybrid_optimizer_on_cpu", tier="megatron-cpu",
+                 factory=megatron_cpu_tier,
+                 doc="Megatron's own HybridDeviceOptimizer makes the split and steps both shares, on the CPU."),
+        TierTest(test="test_offload_with_megatron_hybrid_optimizer", tier="megatron", factory=megatron_tier),
+        TierTest(test="test_offload_with_te_fused_adam", tier=RECIPE_GPU, factory=recipe_gpu_tier),
+    ),
+    reads=OPTIMIZER_READS,
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                      what="Megatron's own HybridDeviceOptimizer splits and steps both shares: torch AdamW on the CPU"
+                           " share, a stand-in of TE FusedAdam's FP32 arithmetic on the GPU share"),
+    entry_text=optimizer_offload.entry_text)

@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
+from correctness.adam.arithmetic import clipped, outputs
+from correctness.adam.inputs import OptimizerUnit
+from correctness.adam.split import CPU, GPU, offload_orders, offload_split
 from correctness.errors import CorrectnessError, PathUnavailable
 from correctness.lever import Implementation, PathOutput
-from correctness.optimizer.inputs import OptimizerUnit
 from correctness.megatron.layout import ParamSlice
 from correctness.optimizer.megatron_on_cpu import CpuFusedAdam, megatron_on_cpu, plain, reports_cuda
-from correctness.optimizer.paths import clipped, outputs
-from correctness.optimizer.split import CPU, GPU, offload_orders, offload_split
 from correctness.provenance import package_version
 
 DEVICES = ("cuda", "cpu")

@@ -18,7 +18,7 @@ patched at import):
   is_cuda and no values.
 
 The GPU share's optimizer on the CPU is `CpuFusedAdam`, TE FusedAdam's constructor keywords and
-FP32 ADAMW arithmetic (correctness.optimizer.paths.fused_adam_arithmetic) in torch ops.
+FP32 ADAMW arithmetic (correctness.adam.arithmetic.fused_adam_arithmetic) in torch ops.
 
 What stays untested without a GPU: the streams and their ordering (a missing wait would race on
 a GPU and cannot here), pinned host buffers and non-blocking copies, the asynchrony of the CPU
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 
 from correctness.environment import attribute_replaced
-from correctness.optimizer.paths import fused_adam_arithmetic
+from correctness.adam.arithmetic import fused_adam_arithmetic
 from references.adamw import AdamWHyperparameters
 
 

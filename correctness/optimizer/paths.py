@@ -1,11 +1,10 @@
 """The paths of the optimizer lever: three steps of AdamW on one unit, each as some code computes it.
 
 Every path starts from the unit's BF16 weights (FP32 master = the BF16 values), applies the
-global-norm clip to each step's FP32 gradient as Megatron does (coefficient
-clip / (norm + 1e-6) in double from the FP32 norm, applied in FP32 only when below 1), runs the
-step at the recipe's schedule, and rounds the master into BF16 (round to nearest even). Outputs,
-per parameter `name`: `name:master` (FP32 master after the steps), `name:update` (master after
-minus before), `name:bf16` (the BF16 weights), `name:exp_avg` and `name:exp_avg_sq`.
+global-norm clip to each step's FP32 gradient as Megatron does, runs the step at the recipe's
+schedule, and rounds the master into BF16 (round to nearest even). The clip, the named outputs and
+TE FusedAdam's FP32 arithmetic are shared with the precision-aware-Adam lever
+(correctness.adam.arithmetic), as is the FP64 reference (correctness.adam.reference.Fp64AdamW).
 """
 
 from collections.abc import Mapping
@@ -13,36 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from correctness.adam.arithmetic import clipped, fused_adam_arithmetic, outputs
+from correctness.adam.inputs import OptimizerUnit
 from correctness.errors import PathUnavailable
 from correctness.lever import Implementation, PathOutput
-from correctness.optimizer.inputs import OptimizerUnit
-from references.adamw import CLIP_EPSILON, AdamWHyperparameters, adamw_run, clip_coefficient
-
-QUANTITIES = ("master", "update", "bf16", "exp_avg", "exp_avg_sq")
-
-
-def megatron_clip_coefficient(norm: float, clip: float) -> float:
-    """Megatron's coefficient, in double, from the global norm as it holds it (in FP32)."""
-    norm32 = float(torch.tensor(norm, dtype=torch.float32))
-    return clip / (norm32 + CLIP_EPSILON)
-
-
-def clipped(unit: OptimizerUnit, step: int) -> torch.Tensor:
-    coefficient = megatron_clip_coefficient(unit.grad_norms[step], unit.config.clip_grad)
-    grad = unit.grads[step]
-    return grad * coefficient if coefficient < 1.0 else grad.clone()
-
-
-def outputs(unit: OptimizerUnit, master0, master, exp_avg, exp_avg_sq) -> dict[str, torch.Tensor]:
-    name = unit.param.name
-    values = {
-        "master": master,
-        "update": master - master0,
-        "bf16": master.to(torch.bfloat16) if master.dtype != torch.float64 else master,
-        "exp_avg": exp_avg,
-        "exp_avg_sq": exp_avg_sq,
-    }
-    return {f"{name}:{quantity}": values[quantity] for quantity in QUANTITIES}
 
 
 @dataclass(frozen=True)
@@ -71,25 +44,6 @@ class TorchAdamW:
             backend=f"torch.optim.AdamW ({kernel}, cpu)",
             details={"torch": torch.__version__},
         )
-
-
-def fused_adam_arithmetic(
-    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *,
-    hyper: AdamWHyperparameters, step: int, bias_correction: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One ADAMW step as TE FusedAdam's kernel computes it, on FP32 values: the hyperparameters
-    cross into the kernel as C floats (rounded to FP32), the bias corrections 1 - beta^t come in
-    double from the rounded betas and are stored as floats, then m/bc1 / (sqrt(v/bc2) + eps) +
-    wd p and p - lr update in FP32. Returns the new (p, m, v); the inputs are not modified."""
-    hyper = hyper.rounded_to_fp32()
-    beta1, beta2 = torch.tensor(hyper.beta1), torch.tensor(hyper.beta2)  # FP32 scalars
-    m = beta1 * m + (1 - beta1) * g
-    v = beta2 * v + (1 - beta2) * g * g
-    bc1 = float(1 - hyper.beta1**step) if bias_correction else 1.0
-    bc2 = float(1 - hyper.beta2**step) if bias_correction else 1.0
-    bc1, bc2 = torch.tensor(bc1), torch.tensor(bc2)
-    update = (m / bc1) / (torch.sqrt(v / bc2) + torch.tensor(hyper.eps)) + torch.tensor(hyper.weight_decay) * p
-    return p - torch.tensor(hyper.lr) * update, m, v
 
 
 @dataclass(frozen=True)
@@ -177,30 +131,3 @@ class OffloadSplit:
         output = (self.cpu if share == "cpu" else self.device).run(unit)
         return PathOutput(tensors=output.tensors, backend=f"{share} share: {output.backend}", details=output.details)
 
-
-@dataclass(frozen=True)
-class Fp64AdamW:
-    """The FP64 reference (references.adamw) on one unit; `fp32_hyperparameters` first rounds lr,
-    betas, eps and weight decay to FP32, as TE FusedAdam's kernel arguments do."""
-
-    fp32_hyperparameters: bool = False
-
-    @property
-    def name(self) -> str:
-        return "fp64-adamw" + (" (fp32 hyperparameters)" if self.fp32_hyperparameters else "")
-
-    def run(self, unit: OptimizerUnit) -> PathOutput:
-        hypers = [unit.config.hyperparameters(i, unit.weight_decay_multiplier) for i in unit.iterations()]
-        if self.fp32_hyperparameters:
-            hypers = [hyper.rounded_to_fp32() for hyper in hypers]
-        result = adamw_run(
-            unit.weights,
-            unit.grads,
-            hypers=hypers,
-            clip_coefficients=[clip_coefficient(norm, unit.config.clip_grad) for norm in unit.grad_norms],
-        )
-        master0 = unit.weights.double()
-        return PathOutput(
-            tensors=outputs(unit, master0, result["master"], result["exp_avg"], result["exp_avg_sq"]),
-            backend=self.name,
-        )

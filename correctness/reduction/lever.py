@@ -44,7 +44,9 @@ import torch
 from correctness import tiers
 from correctness.distributed import run_ranks
 from correctness.errors import require_megatron_core
+from correctness.evidence import UPSTREAM, Evidence
 from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever_spec import DATA_PARALLEL, DEFAULT_READS, GRADIENT_SYNC, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.megatron.layout import SMOKE, ParamScale, param_slices
 from correctness.provenance import megatron_core_version
@@ -415,3 +417,17 @@ def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [reduction_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale=SMOKE, options=options,
                             ranks_available=gpus)]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="the data-parallel gradient reduction in BF16 against FP32 and an FP64 sum of the ranks' gradients,"
+                " over 2, 4 and 8 ranks",
+    titles=("gradient reduction in BF16 against FP32",),
+    tests=(
+        TierTest(test="test_gradient_reduction_dtype_cpu", tier="cpu", factory=cpu_tier,
+                 doc="torch.distributed on gloo ranks: DP 2, 4 and 8 (and the recipe's own) in one run of 8 ranks."),
+        TierTest(test="test_gradient_reduction_dtype_nccl", tier="gpu", factory=gpu_tier),
+    ),
+    reads=(*DEFAULT_READS, *DATA_PARALLEL, "workload.precision", *GRADIENT_SYNC),
+    evidence=Evidence(klass=UPSTREAM, tier="cpu",
+                      what="megatron-core's own DDP gradient sync, BF16 against FP32 buffers, on 2 to 8 gloo ranks"))

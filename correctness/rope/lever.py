@@ -47,7 +47,9 @@ import torch
 
 from correctness import tiers
 from correctness.compare import Slicing
+from correctness.evidence import UPSTREAM, Evidence, HeldEqual
 from correctness.lever import Case, Control, Implementation, Invariant, Lever, LeverOptions, Mutated, Tier
+from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.rope.paths import (
@@ -210,3 +212,26 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
     return [rope_lever(recipe=recipe, tier=tier, scale="recipe", candidate=UNFUSED, default=TE_FUSED, options=options)]
+
+ROPE_HELD_TO_TE = HeldEqual(test="tests/test_rope_lever.py::test_fused_arithmetic_stands_in_for_tes_kernel",
+                            upstream="TE's FusedRoPEFunc", needs_gpu=True)
+ROPE_HELD_TO_TE_UNFUSED = HeldEqual(
+    test="tests/test_rope_lever.py::test_fused_arithmetic_is_tes_unfused_rope_in_fp32_bitwise",
+    upstream="TE 2.17's unfused apply_rotary_pos_emb (fused=False) in FP32, its Python on the CPU (bitwise)",
+    needs_gpu=False)
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="Megatron's unfused RoPE (--no-rope-fusion) against TE's fused RoPE kernel and FP64, q and k rotated,"
+                " forward and backward, at the recipe's heads, rotary fraction and layout",
+    titles=("rope fusion",),
+    tests=(
+        TierTest(test="test_rope_fusion_on_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 doc="Megatron's own unfused RoPE on the CPU against the fused kernel's arithmetic."),
+        TierTest(test="test_rope_fusion_te_on_gpu", tier=RECIPE_GPU, factory=recipe_gpu_tier),
+    ),
+    reads=(*SHAPE_READS, "--position-embedding-type", "--qkv-format", "--rotary-interleaved",
+           "--rotary-seq-len-interpolation-factor", "--use-rope-scaling", "--rope-scaling-factor"),
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu", held_equal_by=(ROPE_HELD_TO_TE_UNFUSED, ROPE_HELD_TO_TE),
+                      what="Megatron's unfused apply_rotary_pos_emb against this project's stand-in of TE's fused"
+                           " RoPE kernel's arithmetic (FP32, one rounding)"))

@@ -1,7 +1,7 @@
 """RoPE shapes from a recipe and its model facts: per attention kind with a rotary embedding, the
-rank's query and key heads and head dim (correctness.attention.shapes.attention_shape, the
-attention lever's own derivation), the kind's rotary base and fraction, the recipe's RoPE
-arguments and its token layout (BSHD rows, or THD: the recipe's rows packed with cumulative
+rank's query and key heads and head dim (correctness.heads.rank_heads, the derivation the
+attention lever's shapes use too), the kind's rotary base and fraction, the recipe's RoPE
+arguments, precision and token layout (BSHD rows, or THD: the recipe's rows packed with cumulative
 lengths, as correctness/attention/packing.py packs them).
 
 At the recipe scale a case is the recipe's microbatch: its rows of `row_tokens` positions from 0,
@@ -16,17 +16,16 @@ from typing import Any
 
 import torch
 
-from correctness.attention.shapes import attention_shape
-from correctness.shapes import DTYPES, Scale
 from correctness.errors import ShapeError
+from correctness.heads import rank_heads
+from correctness.shapes import DTYPES, qkv_format, recipe_dtype
 from correctness.lever import NotApplicable
 from correctness.models import ModelFacts
 from correctness.recipes import Recipe
 
 SMOKE_POSITIONS = 512
-# attention_shape with the recipe's row length (so that no window constrains it) and one key-value
-# group at the smoke scale; the rope shape then sets its own positions.
-HEADS_AT = {"recipe": Scale(name="recipe"), "smoke": Scale(name="smoke", kv_groups=1)}
+# The rank's key-value groups at each scale: its own at the recipe scale, one at the smoke scale.
+KV_GROUPS_AT = {"recipe": None, "smoke": 1}
 MEGATRON_ROPE_SCALING_FACTOR = 8.0  # Megatron-LM's --rope-scaling-factor default
 
 
@@ -132,22 +131,23 @@ def rope_kinds(recipe: Recipe, model: ModelFacts) -> tuple[str, ...]:
 
 
 def rope_shape(recipe: Recipe, model: ModelFacts, kind: str, scale: str) -> RopeShape:
-    if scale not in HEADS_AT:
-        raise ShapeError(f"rope shape: unknown scale {scale!r} (known: {sorted(HEADS_AT)})")
-    heads = attention_shape(recipe, model, kind, HEADS_AT[scale])
+    if scale not in KV_GROUPS_AT:
+        raise ShapeError(f"rope shape: unknown scale {scale!r} (known: {sorted(KV_GROUPS_AT)})")
+    heads = rank_heads(recipe, model, kind, KV_GROUPS_AT[scale])
+    dtype, layout = recipe_dtype(recipe), qkv_format(recipe)
     facts = model.field(f"attention.kinds.{kind}")
     percent = float(facts.get("partial_rotary_factor", 1.0))
     rotary_dims = int(heads.head_dim * percent) if percent < 1.0 else heads.head_dim  # RotaryEmbedding's
     scaling = recipe.argument("--use-rope-scaling") is not None
     factor = _number(recipe, "--rope-scaling-factor") if scaling else None
     positions = recipe.row_tokens if scale == "recipe" else min(SMOKE_POSITIONS, recipe.row_tokens)
-    first = recipe.row_tokens - positions if heads.qkv_format == "bshd" else 0
+    first = recipe.row_tokens - positions if layout == "bshd" else 0
     return RopeShape(
-        model=model.short_name, layer_kind=kind, scale=scale, tp_size=recipe.tp, rows=heads.batch,
+        model=model.short_name, layer_kind=kind, scale=scale, tp_size=recipe.tp, rows=recipe.rows_per_microbatch,
         positions=positions, first_position=first, row_tokens=recipe.row_tokens, heads=heads.heads,
         groups=heads.groups, head_dim=heads.head_dim, rotary_dims=rotary_dims, rotary_percent=percent,
         rotary_base=float(facts["rope_theta"]), interleaved=recipe.argument("--rotary-interleaved") is not None,
         rope_scaling_factor=(factor or MEGATRON_ROPE_SCALING_FACTOR) if scaling else None,
         interpolation_factor=_number(recipe, "--rotary-seq-len-interpolation-factor"),
-        dtype=heads.dtype, qkv_format=heads.qkv_format,
+        dtype=dtype, qkv_format=layout,
     )

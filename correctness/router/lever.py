@@ -45,7 +45,10 @@ from typing import Any
 import torch
 
 from correctness import tiers
+from correctness.evidence import UPSTREAM, Evidence
 from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, Tier
+from correctness.lever_spec import SHAPE_READS, LeverSpec, TierTest
+from correctness.recipe_sets import GPT_OSS, MOONLIGHT, NEMOTRON, QWEN3_MOE
 from correctness.models import ModelFacts, facts_for
 from correctness.recipes import Recipe, lever_recipe
 from correctness.router.floor import Fp64Routing, logits_floor
@@ -186,3 +189,22 @@ def recipe_runs_bf16_logits(shape: RouterShape) -> bool:
 
 
 __all__ = ["NAME", "VERSION", "ROUTER_DTYPE_NAMES", "cpu_tier", "megatron_gpu_tier", "router_lever"]
+
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="Megatron's MoE router (TopKRouter) with its logits in BF16 against the recipe's router dtype (FP32"
+                " or FP64) and FP64 routing, dense combination weights and gradients at the recipe's router shape",
+    titles=("MoE router with its logits in",),
+    tests=(
+        TierTest(test="test_moe_router_bf16_logits_against_fp32_cpu", tier="megatron-cpu", factory=cpu_tier,
+                 recipes=(NEMOTRON, QWEN3_MOE, GPT_OSS, MOONLIGHT),
+                 doc="Megatron's own TopKRouter on the CPU (shims: correctness/router/megatron_router.py)."),
+        TierTest(test="test_moe_router_bf16_logits_against_fp32_gpu", tier="megatron", factory=megatron_gpu_tier,
+                 recipes=(NEMOTRON,)),
+    ),
+    reads=(*SHAPE_READS, "--megatron-to-hf-mode", "--num-experts", "--moe-router-dtype",
+           "--moe-router-enable-expert-bias", "--moe-router-group-topk", "--moe-router-num-groups",
+           "--moe-router-pre-softmax", "--moe-router-score-function", "--moe-router-topk",
+           "--moe-router-topk-scaling-factor"),
+    evidence=Evidence(klass=UPSTREAM, tier="megatron-cpu",
+                      what="Megatron's TopKRouter with its logits in BF16 against FP32"))

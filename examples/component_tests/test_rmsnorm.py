@@ -1,18 +1,21 @@
-"""Example lever: torch's RMSNorm kernel against an eager one, at Gemma-4's q_norm shape."""
+"""Example lever: torch's RMSNorm kernel against an eager one, at Gemma-4's q_norm shape (or the
+--recipe's, with the facts of its --model-config)."""
 
 from dataclasses import dataclass
 from functools import partial
 
-import pytest
 import torch
 
-from correctness import Case, Control, Lever, LeverOptions, Mutated, PathOutput
+from correctness import Case, Control, Lever, LeverOptions, LeverSpec, Mutated, PathOutput, TierTest
+from correctness.evidence import UPSTREAM, Evidence
 from correctness.models import facts_for
 from correctness.recipes import lever_recipe
 from correctness.tiers import CPU
 from correctness.attention.shapes import attention_shape
 from correctness.shapes import SMOKE_SCALE
+from correctness.spec_tests import component_tests
 
+NAME, VERSION = "rmsnorm-kernel", 1
 RECIPE = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 EPS = 1e-6
 
@@ -62,15 +65,15 @@ def make_inputs(shape, seed, device):
     return Inputs(*(t.to(torch.bfloat16).to(device) for t in (x, gain, grad)))
 
 
-def rmsnorm_levers(options: LeverOptions) -> list[Lever]:
-    recipe = lever_recipe(RECIPE, options.recipe)  # the user's recipe where --recipe gives one
+def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
+    recipe = lever_recipe(recipe_id, options.recipe)  # the user's recipe where --recipe gives one
     model = facts_for(recipe, options.model)  # the facts of --model-config where given
     shapes = [attention_shape(recipe, model, kind, SMOKE_SCALE) for kind in model.attention_kinds]
     cases = tuple(Case(id=f"{s.id}-q-seed{seed}", shape=s, seed=seed, source="synthetic", variant="normal",
                        make_inputs=partial(make_inputs, s, seed)) for s in shapes for seed in (0, 1))
     candidate = Fused()
     return [Lever(
-        name="rmsnorm-kernel", version=1, tier=CPU, recipe=recipe.ref_for(model), cases=cases,
+        name=NAME, version=VERSION, tier=CPU, recipe=recipe.ref_for(model), cases=cases,
         description="torch's RMSNorm against an eager BF16 RMSNorm and FP64",
         candidate=candidate, default=Eager("eager-bf16"), reference=Eager("fp64", torch.float64),
         controls=(
@@ -81,6 +84,10 @@ def rmsnorm_levers(options: LeverOptions) -> list[Lever]:
     )]
 
 
-@pytest.mark.levers(factory=rmsnorm_levers)
-def test_rmsnorm_kernel(lever, case, lever_check):
-    lever_check(lever, case)
+SPEC = LeverSpec(
+    name=NAME, version=VERSION, description="torch's RMSNorm kernel against an eager BF16 RMSNorm and FP64",
+    titles=("rmsnorm kernel",),
+    tests=(TierTest(test="test_rmsnorm_kernel", tier="cpu", factory=cpu_tier, recipes=(RECIPE,)),),
+    evidence=Evidence(klass=UPSTREAM, tier="cpu", what="torch's own RMSNorm kernel against its formula"))
+
+globals().update(component_tests([SPEC]))

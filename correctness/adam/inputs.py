@@ -1,4 +1,5 @@
-"""The optimizer lever's inputs, streamed one unit (a block of rows of one parameter) at a time.
+"""The Adam levers' inputs (optimizer offload, precision-aware Adam), streamed one unit (a block of
+rows of one parameter) at a time.
 
 Gradients are synthetic and seeded: for every unit and step, standard normal FP32 values from a
 generator seeded by (seed, parameter name, step, first row), then scaled per step so that the
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from correctness.errors import CaseInputError
-from correctness.optimizer.config import OptimizerConfig
+from correctness.adam.config import OptimizerConfig
 from correctness.megatron.layout import ParamSlice
 from references.adamw import weight_decay_multiplier
 

@@ -10,7 +10,7 @@ the data-parallel gradient reduction:
   SDPA backend that runs under deterministic algorithms at the recipe's shapes, never cuDNN's,
   flash on packed rows one row at a time (correctness.attention.combinations); recipe GPU: TE's
   auto backend) run with the switches of --deterministic-mode on
-  (correctness.determinism.mode.InMode) against the same path with them off, and the FP64
+  (correctness.composites.determinism.mode.InMode) against the same path with them off, and the FP64
   reference, at the attention lever's smoke or recipe shapes, one model-like case per layer kind;
 - gradient reduction: the recipe's reduction (its dtype, reduce-scatter or all-reduce, Megatron's
   buffer and scaling: correctness.reduction) on gloo ranks (CPU) or NCCL (GPU) with torch's
@@ -45,9 +45,11 @@ from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.shapes import RECIPE_SCALE, Scale
 from correctness.attention.te import TransformerEngine
-from correctness.determinism.mode import InMode
+from correctness.composites.determinism.mode import InMode
 from correctness.attention.combinations import gpu_sdpa_levers
+from correctness.evidence import BOOKKEEPING, Evidence
 from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever_spec import DATA_PARALLEL, GRADIENT_SYNC, RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.megatron.layout import SMOKE
 from correctness.recipes import Recipe, lever_recipe
@@ -211,3 +213,20 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     return [attention_lever(recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE,
                             base=TransformerEngine("auto"), options=options)]
 
+SPEC = LeverSpec(
+    name=NAME, version=VERSION,
+    description="attention forward and backward and the data-parallel gradient reduction with --deterministic-mode's"
+                " switches on, bitwise repeatable over three runs, against the same kernels with nondeterminism"
+                " allowed and FP64",
+    titles=("under deterministic mode",),
+    tests=(
+        TierTest(test="test_deterministic_mode_on_cpu", tier="cpu", factory=cpu_tier,
+                 doc="torch SDPA's flash CPU kernel, and gloo ranks at DP 2, 4 and 8."),
+        TierTest(test="test_deterministic_mode_on_gpu", tier="gpu", factory=gpu_tier,
+                 doc="Each torch SDPA backend, and NCCL with NCCL_ALGO=Ring over this machine's GPUs."),
+        TierTest(test="test_deterministic_mode_te_attention", tier=RECIPE_GPU, factory=recipe_gpu_tier),
+    ),
+    reads=(*SHAPE_READS, *DATA_PARALLEL, *GRADIENT_SYNC, "--qkv-format"),
+    evidence=Evidence(klass=BOOKKEEPING, tier="cpu",
+                      what="SDPA's flash CPU kernel and the gloo reduction are deterministic with the switches off"
+                           " too: the switches and the repeat check run, no kernel changes"))
