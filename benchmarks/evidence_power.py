@@ -17,7 +17,7 @@ import sys
 import time
 
 from correctness import LeverOptions
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.sdpa import Sdpa
 from correctness.harness import run_candidates
 from correctness.optimizer import lever as offload

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.te import TransformerEngine

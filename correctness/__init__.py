@@ -2,7 +2,8 @@
 
 The public API for declaring and running a lever:
 
-    Lever, Tier, Case, Control, Invariant, Mutated, PathOutput, LeverOptions, RecipeRef, Slicing  (declarations)
+    Lever, Tier, Case, Control, Invariant, Mutated, ImplementationOutput, LeverOptions, RecipeRef,
+    Slicing  (declarations)
     LeverSpec, TierTest: a lever's one declaration; correctness.spec_tests.component_tests makes its tests
     Rule, DEFAULT_RULE                                                  (the pass rule)
     correctness.tiers: CPU, GPU, MEGATRON_CPU, TE_CPU, MEGATRON_GPU, recipe_gpu_tier  (the suite's tiers)
@@ -11,10 +12,10 @@ The public API for declaring and running a lever:
 pytest users load `correctness.pytest_plugin` from their conftest.py.
 """
 
-from correctness.errors import CorrectnessError, PathUnavailable
+from correctness.errors import CorrectnessError, ImplementationUnavailable
 from correctness.compare import Slicing
 from correctness.harness import run_candidates, run_case, run_lever
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, PathOutput, Tier
+from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, ImplementationOutput, Tier
 from correctness.lever_spec import LeverSpec, TierTest
 from correctness.results import RecipeRef, read_record, write_record
 from correctness.rule import DEFAULT_RULE, Rule
@@ -29,8 +30,8 @@ __all__ = [
     "LeverOptions",
     "LeverSpec",
     "Mutated",
-    "PathOutput",
-    "PathUnavailable",
+    "ImplementationOutput",
+    "ImplementationUnavailable",
     "RecipeRef",
     "Rule",
     "Slicing",

@@ -21,13 +21,13 @@ class CaseInputError(CorrectnessError):
     """A case's inputs (for example a captured checkpoint file) are missing or do not fit its shape."""
 
 
-class PathUnavailable(CorrectnessError):
+class ImplementationUnavailable(CorrectnessError):
     """A path cannot run on this machine or on this case (a backend refuses it); the case is skipped."""
 
 
 def require_megatron_core() -> None:
-    """Refuse (PathUnavailable) where megatron-core does not import: missing, or failing to import."""
+    """Refuse (ImplementationUnavailable) where megatron-core does not import: missing, or failing to import."""
     try:
         import megatron.core  # noqa: F401
     except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-        raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+        raise ImplementationUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None

@@ -10,7 +10,7 @@ repeatability, a candidate whose runs differ fails, and each control runs that o
 that is not repeatable fails the rule, as a control must). Streamed inputs run unit by unit, every
 path on each unit, so only one unit's outputs are alive at a time.
 
-A refusal (PathUnavailable) skips the case; any other exception, from making the inputs, a path
+A refusal (ImplementationUnavailable) skips the case; any other exception, from making the inputs, a path
 or a comparison, fails it with the exception's message: a verdict is evidence or nothing. cuDNN's
 own refusal of a graph ("no execution plan", "not supported": `cudnn_refusal`) is a refusal too,
 whichever path meets it. A CUDA error that leaves the device in an error state (a sticky error: an
@@ -30,8 +30,8 @@ import torch
 
 from correctness.catalogue import lever_reads
 from correctness.compare import Baseline, OutputsAccumulator, RunSpread, SpreadAccumulator, outputs_baselines
-from correctness.errors import PathUnavailable
-from correctness.lever import Case, Lever, Implementation, PathOutput, Streamed, runs_backend
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import Case, Lever, Implementation, ImplementationOutput, Streamed, runs_backend
 from correctness.provenance import provenance
 from correctness.recipe_binding import bound_ref
 from correctness.results import (
@@ -123,11 +123,11 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-class _PathError(Exception):
+class _ImplementationError(Exception):
     """A path raised something other than a refusal: the case fails with this message."""
 
 
-class _DeviceFault(_PathError):
+class _DeviceFault(_ImplementationError):
     """A path left the CUDA device in an error state: the case fails, and no other candidate runs."""
 
 
@@ -143,19 +143,20 @@ class _Runs:
     backends: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
     details: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, inputs: Any) -> PathOutput:
+    def run(self, inputs: Any) -> ImplementationOutput:
         _synchronize(self.device)
         start = time.perf_counter()
         try:
             output = self.path.run(inputs)
             _synchronize(self.device)
-        except PathUnavailable:
+        except ImplementationUnavailable:
             raise
         except Exception as error:
             if cudnn_refusal(error):
-                raise PathUnavailable(f"{self.role} ({self.path.name}): cuDNN refuses the case: {_first_line(error)}"
+                raise ImplementationUnavailable(
+                    f"{self.role} ({self.path.name}): cuDNN refuses the case: {_first_line(error)}"
                                       ) from error
-            fault = _DeviceFault if sticky_cuda_error(str(error)) else _PathError
+            fault = _DeviceFault if sticky_cuda_error(str(error)) else _ImplementationError
             raise fault(f"{self.role} ({self.path.name}) raised {type(error).__name__}: {error}") from error
         self.seconds += time.perf_counter() - start
         self.backends[output.backend] = None
@@ -507,12 +508,12 @@ class _CaseSchedule:
         self.default_invariants = _Invariants(role="the default")
         self.default_spread = SpreadAccumulator()
         floor = lever.format_floor
-        self.floor = self._judged(floor.path, f"format floor ({floor.format})") if floor else None
+        self.floor = self._judged(floor.implementation, f"format floor ({floor.format})") if floor else None
         self.candidates = [self._candidate(path) for path in candidates]
         self.applicable = {control.name: control.why_inapplicable(case) for control in lever.controls}
         self.controls = {
             control.name: _ControlRuns(
-                judged=self._judged(control.path, f"control '{control.name}'"),
+                judged=self._judged(control.implementation, f"control '{control.name}'"),
                 against_floor=self._accumulator() if floor else None,
             )
             for control in lever.controls
@@ -568,12 +569,12 @@ class _CaseSchedule:
         where one is, or the device is left in an error state, the case fails."""
         try:
             yield
-        except _PathError as path_error:
+        except _ImplementationError as path_error:
             if not self.several or isinstance(path_error, _DeviceFault):
                 raise
             candidate.error = str(path_error)
 
-    def _candidates_first(self, unit: Any) -> dict[int, PathOutput]:
+    def _candidates_first(self, unit: Any) -> dict[int, ImplementationOutput]:
         """Every active candidate's first run on the unit, before any other path: a refusal costs nothing else."""
         firsts = {}
         for index, candidate in enumerate(self.candidates):
@@ -582,7 +583,7 @@ class _CaseSchedule:
             try:
                 with self._failing_alone(candidate):
                     firsts[index] = candidate.first.runs.run(unit)
-            except PathUnavailable as unavailable:
+            except ImplementationUnavailable as unavailable:
                 candidate.skip_reason = str(unavailable)
         return firsts
 
@@ -643,9 +644,9 @@ def _run_candidates(
         for unit in inputs.units if isinstance(inputs, Streamed) else (inputs,):
             if not schedule.run_unit(unit):
                 break
-    except PathUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
+    except ImplementationUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
         return tuple(_not_judged(case, started, skip_reason=str(unavailable)) for _ in candidates)
-    except _PathError as path_error:
+    except _ImplementationError as path_error:
         error = str(path_error)
     except Exception as other:  # making the inputs, or comparing the outputs
         error = f"{type(other).__name__}: {other}"
@@ -831,7 +832,7 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "invariants": [invariant.name for invariant in lever.invariants],
         "format_floor": None if lever.format_floor is None else {
             "format": lever.format_floor.format, "roundings": list(lever.format_floor.roundings),
-            "path": lever.format_floor.path.name,
+            "path": lever.format_floor.implementation.name,
         },
     }
 

@@ -1,9 +1,10 @@
-"""A lever, declared as data: cases, the candidate and default paths, the FP64 reference, the
-negative controls and the rule. The harness (`correctness.harness`) runs any lever; it knows
-none by name.
+"""A lever, declared as data: cases, the candidate and default implementations, the FP64
+reference, the negative controls and the rule. The harness (`correctness.harness`) runs any lever;
+it knows none by name.
 
-An implementation (a path) is any object with a `name` and a `run(inputs) -> PathOutput`. Inputs are whatever the
-lever's cases make; the harness never looks inside them.
+An implementation (a "path": each kind keeps its own in `paths.py`) is any object with a `name` and
+a `run(inputs) -> ImplementationOutput`. Inputs are whatever the lever's cases make; the harness
+never looks inside them.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -21,8 +22,8 @@ from correctness.rule import DEFAULT_RULE, Rule
 
 
 @dataclass(frozen=True, kw_only=True)
-class PathOutput:
-    """What one run of a path produced, and what actually ran: `backend` names it, optionally
+class ImplementationOutput:
+    """What one run of an implementation produced, and what actually ran: `backend` names it, optionally
     followed by a detail in parentheses ("te-fused (F16_arbitrary_seqlen)"), and `details` holds
     the rest."""
 
@@ -37,12 +38,12 @@ def runs_backend(backend: str, expected: str) -> bool:
 
 
 class Implementation(Protocol):
-    """Runs the computation under test on a case's inputs. Raises PathUnavailable only where the
+    """Runs the computation under test on a case's inputs. Raises ImplementationUnavailable only where the
     backend refuses the case (a skip); any other exception fails the case with its message."""
 
     name: str
 
-    def run(self, inputs: Any) -> PathOutput: ...
+    def run(self, inputs: Any) -> ImplementationOutput: ...
 
 
 def _unchanged(inputs: Any) -> Any:
@@ -65,10 +66,10 @@ class Mutated:
     def name(self) -> str:
         return f"{self.base.name} ({self.mutation})"
 
-    def run(self, inputs: Any) -> PathOutput:
+    def run(self, inputs: Any) -> ImplementationOutput:
         output = self.base.run(self.mutate(inputs))
         tensors = output.tensors if self.change_outputs is None else self.change_outputs(inputs, output.tensors)
-        return PathOutput(
+        return ImplementationOutput(
             tensors=tensors, backend=f"{output.backend} (mutated: {self.mutation})",
             details={**output.details, "mutation": self.mutation},
         )
@@ -89,12 +90,12 @@ def always_applies(case: "Case") -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Control:
-    """A negative control: a deliberately wrong path that must fail the rule on every case it
+    """A negative control: a deliberately wrong implementation that must fail the rule on every case it
     applies to. `why_inapplicable(case)` returns None where the control changes the computation,
     else the reason it does not (a window control on a layer without a window)."""
 
     name: str
-    path: Implementation
+    implementation: Implementation
     why_inapplicable: Callable[["Case"], str | None] = always_applies
 
 
@@ -112,7 +113,7 @@ class Invariant:
 @dataclass(frozen=True, kw_only=True)
 class FormatFloor:
     """Where a candidate stores, reduces or computes in a narrower format than its default, and so
-    what the best implementation in that format can do. `path` is the FP64 reference passed
+    what the best implementation in that format can do. `implementation` is the FP64 reference passed
     through exactly the `roundings` (each rank's gradient to BF16 before the sum; the Adam moments
     at every step) and otherwise exact, its outputs in the candidate's dtypes. Its error is the
     format floor: where the floor alone fails the rule, no implementation in `format` can meet it,
@@ -121,7 +122,7 @@ class FormatFloor:
 
     format: str  # the narrower format, as users name it: "BF16", "FP8 E4M3"
     roundings: tuple[str, ...]  # where the format rounds, one phrase each
-    path: Implementation
+    implementation: Implementation
 
     def __post_init__(self):
         if not self.roundings:

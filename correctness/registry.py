@@ -10,23 +10,23 @@ import sys
 from pathlib import Path
 
 from correctness.adam_precision import lever as adam_precision
-from correctness.attention import lever as attention
-from correctness.attention import packing
-from correctness.attention import softmax_precision
+from correctness.attention import backend_lever as attention
+from correctness.attention import softmax_precision_lever as softmax_precision
+from correctness.attention import thd_packing_lever as packing
 from correctness.catalogue import CATALOGUE, catalogue_text
 from correctness.composites.determinism import lever as determinism
 from correctness.cross_entropy import lever as cross_entropy
 from correctness.fp8 import lever as fp8
 from correctness.grad_accumulation import lever as grad_accumulation
+from correctness.grad_reduction import lever as reduction
 from correctness.lever_spec import LeverSpec
-from correctness.loss import packing as packed_loss
-from correctness.mlp import lever as swiglu
+from correctness.loss import lever as packed_loss
 from correctness.moe import grouped_gemm_lever as grouped_gemm
 from correctness.moe import permute_lever as permute
 from correctness.optimizer import lever as offload
-from correctness.reduction import lever as reduction
 from correctness.rope import lever as rope
 from correctness.router import lever as router
+from correctness.swiglu import lever as swiglu
 
 LEVER_SPECS: tuple[LeverSpec, ...] = (
     attention.SPEC, offload.SPEC, packing.SPEC, packed_loss.SPEC, softmax_precision.SPEC, reduction.SPEC,

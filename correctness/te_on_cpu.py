@@ -61,7 +61,7 @@ from torch.overrides import TorchFunctionMode
 
 from correctness.cpu_gemm import gemm_as_cublas
 from correctness.environment import attributes_replaced, environment_set
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 
 TE_VERSION = "2.17.0"
 FOLDER_VARIABLE = "CORRECTNESS_TE_CPU"
@@ -384,10 +384,10 @@ def _import_te(folder: Path) -> dict[str, types.ModuleType]:
 @contextlib.contextmanager
 def te_on_cpu() -> Iterator[types.ModuleType]:
     """TE 2.17's `transformer_engine.pytorch`, usable on CPU tensors inside the block and gone
-    from sys.modules after it. PathUnavailable where its wheel is not installed for this tier."""
+    from sys.modules after it. ImplementationUnavailable where its wheel is not installed for this tier."""
     reason = missing_reason()
     if reason is not None:
-        raise PathUnavailable(reason)
+        raise ImplementationUnavailable(reason)
     others = {name: sys.modules.pop(name) for name in list(sys.modules) if _te_module(name)}
     try:
         with attributes_replaced(torch.cuda, _CUDA_QUERIES), environment_set(TE_ENVIRONMENT), CpuAsCuda(), gemm_as_cublas():

@@ -20,11 +20,11 @@ import torch
 
 from correctness.adam_precision import wrong as adam_wrong
 from correctness.attention.eager import EagerUnfused
-from correctness.attention.lever import window_changed, window_too_narrow, window_too_wide
+from correctness.attention.backend_lever import window_changed, window_too_narrow, window_too_wide
 from correctness.fp8 import wrong as fp8_wrong
 from correctness.grad_accumulation import wrong as accumulation_wrong
 from correctness.lever import Case, Implementation, Mutated, WrongImplementation
-from correctness.reduction import wrong as reduction_wrong
+from correctness.grad_reduction import wrong as reduction_wrong
 from correctness.router import wrong as router_wrong
 
 LAST_BLOCK = 64  # rows: the last block of a 64-row kernel tile

@@ -27,7 +27,7 @@ from correctness.adam_precision.state import (
     STATE_FORMATS, join_remainder, load, rounded, split_remainder, store, zeros,
 )
 from correctness.adam_precision.wrong import WRONG_IMPLEMENTATIONS
-from correctness.errors import PathUnavailable, RecipeError
+from correctness.errors import ImplementationUnavailable, RecipeError
 from correctness.fixtures import recipe_path
 from correctness.harness import run_candidates, run_case
 from correctness.lever import LeverOptions, NotApplicable
@@ -385,7 +385,7 @@ def test_bad_dtypes_and_recipes_without_a_gpu_share_are_refused(tmp_path):
 
 
 def test_te_path_is_unavailable_without_te_or_a_gpu(gpu_units):
-    with pytest.raises(PathUnavailable):
+    with pytest.raises(ImplementationUnavailable):
         TeFusedAdamState(StateDtypes(exp_avg="bf16", exp_avg_sq="bf16")).run(gpu_units[0])
 
 
@@ -478,6 +478,6 @@ def test_with_fp16_masters_no_bias_correction_is_within_the_format_bound_so_not_
     (control,) = [c for c in gemma_lever.controls if c.name == "no bias correction"]
     assert "below the masters' own FP16 rounding" in control.why_inapplicable(case)
     assert control.why_inapplicable(gemma_case(gemma_lever, "fp32", "bf16")) is None
-    (result,) = run_candidates(gemma_lever, case, [control.path], repeat=False)
+    (result,) = run_candidates(gemma_lever, case, [control.implementation], repeat=False)
     assert result.status == "format-limited"
     assert max(t.error_over_bound for t in result.format.candidate.tensors) < 1

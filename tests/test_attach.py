@@ -10,7 +10,7 @@ import pytest
 
 from correctness.attach import ENTRY_FIELDS, attach, component_test_entry
 from correctness.results import LeverRecord
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.cli import main
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.fixtures import FIXTURES_DIR, recipe_path

@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from correctness import tiers
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.shapes import SMOKE_SCALE
 from correctness.attention.te import TransformerEngine
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.models import ModelFacts, load_model
@@ -315,7 +315,7 @@ def test_paths_agree_with_the_reference_or_refuse(name, path):
     inputs = feature_inputs(name)
     reference = Fp64Reference().run(inputs).tensors
     if isinstance(path, Sdpa) and inputs.shape.softcap is not None:
-        with pytest.raises(PathUnavailable, match="cannot apply a logit softcap"):
+        with pytest.raises(ImplementationUnavailable, match="cannot apply a logit softcap"):
             path.run(inputs)
         return
     output = path.run(inputs)
@@ -328,12 +328,12 @@ def test_paths_agree_with_the_reference_or_refuse(name, path):
 
 
 def test_sdpa_refuses_sinks_where_it_cannot_read_the_kernels_log_sum_exp():
-    with pytest.raises(PathUnavailable, match="SDPA has no sinks"):
+    with pytest.raises(ImplementationUnavailable, match="SDPA has no sinks"):
         Sdpa("math").run(feature_inputs("sinks"))
 
 
 def test_te_refuses_a_softcap_naming_it():
-    with pytest.raises(PathUnavailable, match="no softcap on any backend"):
+    with pytest.raises(ImplementationUnavailable, match="no softcap on any backend"):
         TransformerEngine("auto").run(feature_inputs("softcap"))
 
 
@@ -344,7 +344,7 @@ def test_controls_fail_the_rule_at_a_tiny_shape(name, control):
     reference = Fp64Reference().run(inputs).tensors
     default = EagerUnfused().run(inputs).tensors
     wrong = next(c for c in attention.controls(EagerUnfused()) if c.name == control)
-    tensors = wrong.path.run(inputs).tensors
+    tensors = wrong.implementation.run(inputs).tensors
     assert set(tensors) == set(reference)
     over = {name: relative_l2_error(tensors[name], ref)[0] / DEFAULT_RULE.bound(relative_l2_error(default[name], ref)[0])
             for name, ref in reference.items()}

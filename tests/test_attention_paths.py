@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 import correctness.attention.eager as eager_module
 from correctness.attention.eager import EagerUnfused, gemm
 from correctness.attention.inputs import (
@@ -24,7 +24,7 @@ from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import FORCED, SWITCHES, TransformerEngine, backend_switches, backend_that_ran
 from attention_shapes import tiny_shape
 from numerics import FP32_AGREEMENT, relative_l2_error
-from correctness.errors import CaseInputError, PathUnavailable
+from correctness.errors import CaseInputError, ImplementationUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.fixtures import recipe_path
@@ -139,7 +139,7 @@ def test_a_window_of_w_keys_is_te_w_minus_one():
 
 def test_sdpa_refusal_makes_the_path_unavailable_with_the_reason():
     inputs = synthetic_inputs(SHAPES["window"], seed=0, device=CPU, variant="model-like")
-    with pytest.raises(PathUnavailable, match="torch SDPA efficient refuses toy-sliding"):
+    with pytest.raises(ImplementationUnavailable, match="torch SDPA efficient refuses toy-sliding"):
         Sdpa("efficient").run(inputs)
 
 
@@ -152,7 +152,7 @@ def test_unknown_backends_are_refused_at_declaration():
 
 def test_te_path_without_te_is_unavailable_with_the_reason():
     inputs = synthetic_inputs(SHAPES["window"], seed=0, device=CPU, variant="model-like")
-    with pytest.raises(PathUnavailable, match="Transformer Engine|CUDA"):
+    with pytest.raises(ImplementationUnavailable, match="Transformer Engine|CUDA"):
         TransformerEngine("auto").run(inputs)
 
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from correctness.attention import lever as attention  # noqa: E402
+from correctness.attention import backend_lever as attention  # noqa: E402
 from correctness.attention.capture import (  # noqa: E402
     METADATA_KEYS,
     capture_attention,

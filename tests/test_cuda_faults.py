@@ -101,7 +101,7 @@ def test_cudnn_refusing_the_graph_skips_the_case_with_its_message(text):
 
 
 def test_cudnn_refusing_a_control_skips_the_case():
-    refused = Control(name="refused", path=Raises("cudnn sum", RuntimeError(NO_PLAN)))
+    refused = Control(name="refused", implementation=Raises("cudnn sum", RuntimeError(NO_PLAN)))
     result = run_case(cuda_lever(controls=(refused,)), host_case(0))
     assert result.status == "skip" and "cuDNN refuses the case" in result.skip_reason
 
@@ -128,7 +128,7 @@ FAULTING_MODULE = '''
 import pytest
 import torch
 
-from correctness import Case, Control, Lever, Mutated, PathOutput, RecipeRef
+from correctness import Case, Control, Lever, Mutated, ImplementationOutput, RecipeRef
 from correctness.lever import Tier
 
 RECIPE = RecipeRef(id="toy/gpu/sum", model="Toy", gpu="none", sha256="0" * 64)
@@ -142,7 +142,8 @@ class Sum:
     def run(self, inputs):
         if self.fault:
             raise RuntimeError(self.fault)
-        return PathOutput(tensors={"total": inputs.to(self.dtype).sum(-1).to(self.output)}, backend=f"sum-{self.name}")
+        return ImplementationOutput(
+            tensors={"total": inputs.to(self.dtype).sum(-1).to(self.output)}, backend=f"sum-{self.name}")
 
 
 def case(seed):
@@ -154,8 +155,8 @@ def lever(candidate):
     return Lever(name="toy-sum", version=1, tier=ON_CUDA, description="toy sums", recipe=RECIPE,
                  cases=(case(0), case(1), case(2)), candidate=candidate, default=Sum("fp32", torch.float32),
                  reference=Sum("fp64", torch.float64, output=torch.float64),
-                 controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="doubled",
-                                                                mutate=lambda x: x * 2)),))
+                 controls=(Control(name="doubled", implementation=Mutated(base=candidate, mutation="doubled",
+                                                                          mutate=lambda x: x * 2)),))
 
 
 def faulting(options):

@@ -8,15 +8,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.sdpa import Sdpa
 from correctness.composites.determinism import lever as determinism
 from correctness.composites.determinism.mode import NVTE_SWITCH, InMode
 from correctness.distributed import run_ranks
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.harness import run_case
-from correctness.lever import LeverOptions, PathOutput
-from correctness.reduction.megatron_sync import summed_in_varying_order
+from correctness.lever import LeverOptions, ImplementationOutput
+from correctness.grad_reduction.megatron_sync import summed_in_varying_order
 from tests.attention_shapes import tiny_shape
 
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
@@ -33,7 +33,7 @@ class Recorder:
         self.seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get(NVTE_SWITCH)))
         if self.error:
             raise self.error
-        return PathOutput(tensors={"x": torch.zeros(1)}, backend="recorder")
+        return ImplementationOutput(tensors={"x": torch.zeros(1)}, backend="recorder")
 
 
 def test_in_mode_sets_the_switches_around_the_call_and_restores_them():
@@ -50,7 +50,8 @@ def test_in_mode_sets_the_switches_around_the_call_and_restores_them():
 
 def test_a_kernel_without_a_deterministic_implementation_refuses_only_in_deterministic_mode():
     error = RuntimeError("index_add_cuda_ does not have a deterministic implementation, but you set ...")
-    with pytest.raises(PathUnavailable, match="under deterministic mode torch refuses it: index_add_cuda_ does not"):
+    refused = "under deterministic mode torch refuses it: index_add_cuda_ does not"
+    with pytest.raises(ImplementationUnavailable, match=refused):
         InMode(Recorder(error), deterministic=True).run(None)
     with pytest.raises(RuntimeError, match="does not have a deterministic"):
         InMode(Recorder(error), deterministic=False).run(None)

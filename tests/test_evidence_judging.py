@@ -11,9 +11,9 @@ import torch
 from correctness.attention.judging import single_key_positions, single_key_rows_give_their_value
 from correctness.attention.inputs import AttentionInputs
 from correctness.compare import Slicing, compare_tensor
-from correctness.errors import ComparisonError, PathUnavailable
+from correctness.errors import ComparisonError, ImplementationUnavailable
 from correctness.harness import run_candidates, run_case
-from correctness.lever import Invariant, Mutated, PathOutput
+from correctness.lever import Invariant, Mutated, ImplementationOutput
 from correctness.optimizer.lever import bf16_weights_are_rounded_masters
 from correctness.rule import Rule
 from correctness.tiers import CPU
@@ -260,7 +260,7 @@ class Refuses:
     name: str = "refuses"
 
     def run(self, inputs):
-        raise PathUnavailable("not this shape")
+        raise ImplementationUnavailable("not this shape")
 
 
 def test_several_candidates_share_one_reference_default_and_control_run():
@@ -303,7 +303,8 @@ class Scaled:
 
     def run(self, inputs):
         total = inputs.to(self.dtype).sum(-1) * self.factor
-        return PathOutput(tensors={"sums": total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)},
+        return ImplementationOutput(
+            tensors={"sums": total.to(torch.float64 if self.dtype == torch.float64 else torch.float32)},
                           backend=self.name)
 
 
@@ -319,7 +320,8 @@ def scaled_lever(**changes):
         cases=(Case(id="sums", shape="4096 x 64", seed=0, source="synthetic", variant="uniform",
                     make_inputs=make_inputs),),
         candidate=candidate, default=Scaled("fp32", torch.float32), reference=Scaled("fp64", torch.float64),
-        controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
+        controls=(Control(name="doubled",
+                          implementation=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
     )
     return Lever(**{**declaration, **changes})
 

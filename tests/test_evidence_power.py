@@ -8,7 +8,7 @@ same catalogue on the flash kernel for docs/evidence-power.md."""
 import pytest
 
 from correctness import LeverOptions
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.eager import EagerUnfused
 from correctness.harness import run_candidates
 from correctness.optimizer import lever as offload

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from correctness import Case, Control, Lever, PathOutput, RecipeRef, read_record, run_case, run_lever, write_record
+from correctness import (Case, Control, ImplementationOutput, Lever, RecipeRef, read_record, run_case, run_lever,
+                         write_record)
 from correctness.lever import FormatFloor
 from correctness.results import FAIL, FORMAT_LIMITED, PASS, LeverRecord, record_to_json, stated_fields_disagree
 from correctness.tiers import CPU
@@ -41,13 +42,13 @@ class Reduce:
     ranks: int = RANKS
     flip_rank: int | None = None
 
-    def run(self, gradients: torch.Tensor) -> PathOutput:
+    def run(self, gradients: torch.Tensor) -> ImplementationOutput:
         parts = [g if self.rounding is None else self.rounding(g) for g in gradients[: self.ranks]]
         if self.flip_rank is not None:
             parts[self.flip_rank] = -parts[self.flip_rank]
         total = torch.stack(parts).sum(0)
         total = total if self.rounding is None else self.rounding(total)
-        return PathOutput(tensors={"grad": total.to(torch.float32)}, backend=self.name)
+        return ImplementationOutput(tensors={"grad": total.to(torch.float32)}, backend=self.name)
 
 
 @dataclass(frozen=True)
@@ -58,19 +59,20 @@ class Fp64Sum:
     name: str
     rounding: object = None
 
-    def run(self, gradients: torch.Tensor) -> PathOutput:
+    def run(self, gradients: torch.Tensor) -> ImplementationOutput:
         parts = gradients.double() if self.rounding is None else self.rounding(gradients).double()
         total = parts.sum(0)
         if self.rounding is None:
-            return PathOutput(tensors={"grad": total}, backend=self.name)
-        return PathOutput(tensors={"grad": self.rounding(total).to(torch.float32)}, backend=self.name)
+            return ImplementationOutput(tensors={"grad": total}, backend=self.name)
+        return ImplementationOutput(tensors={"grad": self.rounding(total).to(torch.float32)}, backend=self.name)
 
 
 HONEST = Reduce("bf16 reduction", rounding=to_bf16)
 DEFAULT = Reduce("fp32 reduction")
 BF16_FLOOR = FormatFloor(format="BF16", roundings=("each rank's gradient to BF16 before the sum", "the sum to BF16"),
-                         path=Fp64Sum("fp64 sum through bf16", rounding=to_bf16))
-DROPPED = Control(name="one rank dropped", path=Reduce("bf16 reduction, rank dropped", rounding=to_bf16, ranks=RANKS - 1))
+                         implementation=Fp64Sum("fp64 sum through bf16", rounding=to_bf16))
+DROPPED = Control(name="one rank dropped",
+                  implementation=Reduce("bf16 reduction, rank dropped", rounding=to_bf16, ranks=RANKS - 1))
 
 
 def case(seed: int) -> Case:
@@ -144,7 +146,8 @@ def test_rounding_twice_per_hop_through_a_narrower_format_fails():
 def test_a_control_within_the_format_bound_makes_the_case_fail():
     """A "control" that is an honest BF16 reduction fails the rule (its format does) but not the
     format bound, which cannot tell it from the candidate: the case fails naming it."""
-    weak = Control(name="another bf16 reduction", path=Reduce("bf16, in reverse rank order", rounding=to_bf16))
+    weak = Control(name="another bf16 reduction",
+                   implementation=Reduce("bf16, in reverse rank order", rounding=to_bf16))
     result = run_case(lever(controls=(DROPPED, weak)), case(0))
     assert result.status == FAIL
     assert any("'another bf16 reduction' is within the BF16 format bound" in finding
@@ -157,7 +160,8 @@ def test_a_floor_that_meets_the_rule_leaves_the_candidate_failing():
     def to_fp16(x):
         return x.to(torch.float16).to(x.dtype)
 
-    fp16 = FormatFloor(format="FP16", roundings=("each rank's gradient to FP16",), path=Fp64Sum("fp16", rounding=to_fp16))
+    fp16 = FormatFloor(format="FP16", roundings=("each rank's gradient to FP16",),
+                       implementation=Fp64Sum("fp16", rounding=to_fp16))
     result = run_case(lever(floor=fp16), case(0))
     assert result.status == FAIL
     assert result.format.floor_fails_rule == ()
@@ -172,7 +176,7 @@ def test_a_candidate_that_passes_the_rule_passes_and_keeps_its_format_figures():
 
 def test_a_failure_other_than_the_candidates_own_is_never_format_limited():
     """A control that passes the rule itself (here: the default again) fails the case, format or not."""
-    useless = Control(name="the default", path=DEFAULT)
+    useless = Control(name="the default", implementation=DEFAULT)
     result = run_case(lever(controls=(DROPPED, useless)), case(0))
     assert result.status == FAIL
     assert any("negative control 'the default' passes the bound" in failure for failure in result.failures)
@@ -187,7 +191,7 @@ def test_nan_is_never_format_limited():
             output = HONEST.run(gradients)
             grad = output.tensors["grad"].clone()
             grad[3] = float("nan")
-            return PathOutput(tensors={"grad": grad}, backend=output.backend)
+            return ImplementationOutput(tensors={"grad": grad}, backend=output.backend)
 
     result = run_case(lever(candidate=WithNan()), case(0))
     assert result.status == FAIL
@@ -195,7 +199,7 @@ def test_nan_is_never_format_limited():
 
 def test_a_floor_must_name_its_roundings():
     with pytest.raises(ValueError, match="declares no roundings"):
-        FormatFloor(format="BF16", roundings=(), path=Fp64Sum("x"))
+        FormatFloor(format="BF16", roundings=(), implementation=Fp64Sum("x"))
     assert replace(BF16_FLOOR, format="BF16").roundings
 
 
@@ -210,7 +214,7 @@ def test_strict_systematic_judges_a_candidate_with_a_floor_against_the_floors_bi
 
         def run(self, gradients):
             output = DEFAULT.run(gradients)
-            return PathOutput(tensors={"grad": output.tensors["grad"] * (1 + 1e-4)}, backend=self.name)
+            return ImplementationOutput(tensors={"grad": output.tensors["grad"] * (1 + 1e-4)}, backend=self.name)
 
     assert run_case(lever(candidate=Scaled()), case(0)).status == PASS
     strict = run_case(lever(candidate=Scaled()), case(0), strict_systematic=True)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import correctness
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.fp8 import hopper
 from correctness.fp8 import lever as fp8
 from correctness.fp8.hopper import HopperTeGemms, documented_error_bound, split_decision, subnormals_kept
@@ -139,7 +139,7 @@ def test_block_scaled_recipes_keep_the_fp32_stand_in_and_say_so():
 def test_without_mmaemu_the_hopper_gemms_are_unavailable_and_block_recipes_still_run(monkeypatch):
     monkeypatch.setitem(sys.modules, "mmaemu", None)
     candidate = EmulatedFp8Linear(gemms=HopperTeGemms())
-    with pytest.raises(PathUnavailable, match="mmaemu is not installed"):
+    with pytest.raises(ImplementationUnavailable, match="mmaemu is not installed"):
         candidate.run(_inputs("tensorwise"))
     assert candidate.run(_inputs("mxfp8")).details["gemm"] == "fp32-stand-in"
 
@@ -194,9 +194,9 @@ def test_split_k_is_decided_explicitly_or_the_gemm_refused():
     assert split_decision(_fake_mmaemu({smoke: 1}), smoke, recipe, e4m3, e4m3, out, True)[1]["source"] == "table"
     splitk, record = split_decision(_fake_mmaemu({smoke: None, recipe: 1}), smoke, recipe, e4m3, e4m3, out, True)
     assert splitk == 1 and record["source"] == "explicit" and "decides S = 1 (table" in record["note"]
-    with pytest.raises(PathUnavailable, match="splits K in 4"):
+    with pytest.raises(ImplementationUnavailable, match="splits K in 4"):
         split_decision(_fake_mmaemu({smoke: None, recipe: 4}), smoke, recipe, e4m3, e4m3, out, True)
-    with pytest.raises(PathUnavailable, match="nor at the recipe's shape"):
+    with pytest.raises(ImplementationUnavailable, match="nor at the recipe's shape"):
         split_decision(_fake_mmaemu({smoke: None, recipe: None}), smoke, recipe, e4m3, e4m3, out, True)
     splitk, record = split_decision(mmaemu, smoke, recipe, e4m3, e4m3, out, True)  # the real table: K 128 unknown
     assert splitk == 1 and "envelope" in record["note"] and record["verified"] is False

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from correctness import LeverOptions
-from correctness.errors import PathUnavailable, RecipeError
+from correctness.errors import ImplementationUnavailable, RecipeError
 from correctness.fixtures import recipe_path
 from correctness.fp8 import lever as fp8
 from correctness.fp8.hopper import PROFILE_NOTE
@@ -219,7 +219,7 @@ def test_bad_or_unmodelled_fp8_arguments_are_one_line(flags, error, words):
 def test_te_path_skips_without_transformer_engine(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformer_engine", None)
     inputs = fp8.make_inputs(_shape(), 0, torch.device("cpu"))
-    with pytest.raises(PathUnavailable, match="Transformer Engine is not installed"):
+    with pytest.raises(ImplementationUnavailable, match="Transformer Engine is not installed"):
         TeLinear("te-linear-fp8", fp8=True).run(inputs)
 
 
@@ -252,7 +252,7 @@ def test_the_floor_is_the_reference_on_the_recipes_fp8_operands_rounded_to_the_c
     assert operands.x_fprop.details["scale_amax"] == float(inputs.history_amax("input"))
     assert operands.x_fprop.details["scale_amax"] != operands.x_fprop.details["amax"]
     exact = Fp64OnFp8Operands().run(inputs).tensors
-    floor = fp8.FLOOR.path.run(inputs).tensors
+    floor = fp8.FLOOR.implementation.run(inputs).tensors
     assert {name: t.dtype for name, t in floor.items()} == {"y": torch.bfloat16, "dgrad": torch.bfloat16,
                                                             "wgrad": torch.float32}
     for name, t in floor.items():

@@ -16,7 +16,7 @@ from correctness.lever import LeverOptions
 from correctness.models import facts_for
 from correctness.recipe_sets import GEMMA, NEMOTRON
 from correctness.recipes import lever_recipe
-from correctness.reduction import lever as reduction
+from correctness.grad_reduction import lever as reduction
 
 
 @pytest.mark.parametrize("recipe_id", [GEMMA, NEMOTRON])

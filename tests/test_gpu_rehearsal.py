@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from correctness import Case, Control, Lever, Mutated, PathOutput, RecipeRef
+from correctness import Case, Control, Lever, Mutated, ImplementationOutput, RecipeRef
 from correctness.tiers import CPU
 
 ROWS = 4  # and one more per seed: the row count tells the path its case
@@ -46,7 +46,8 @@ class Sum:
             time.sleep(600)
         total = inputs.to(self.accumulate).sum(-1).float()
         # The backend names what the process found set as it started: gpu-check's CUBLAS_WORKSPACE_CONFIG.
-        return PathOutput(tensors={"total": total}, backend=f"sum cublas={os.environ.get('CUBLAS_WORKSPACE_CONFIG')}")
+        return ImplementationOutput(
+            tensors={"total": total}, backend=f"sum cublas={os.environ.get('CUBLAS_WORKSPACE_CONFIG')}")
 
 
 def toy_case(seed):
@@ -62,7 +63,8 @@ def toy_lever(name, candidate, seeds):
                  recipe=RecipeRef(id=f"toy/cpu/{name}", model="Toy", gpu="none", sha256="0" * 64),
                  cases=tuple(toy_case(seed) for seed in seeds), candidate=candidate,
                  default=Sum("fp32", torch.float32), reference=Sum("fp64 reference", torch.float64),
-                 controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),))
+                 controls=(Control(name="doubled",
+                                   implementation=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),))
 
 
 def sums(options):

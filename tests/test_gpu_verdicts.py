@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from correctness.attach import component_test_entry
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention import sdpa as sdpa_module
 from correctness.attention import te as te_module
 from correctness.attention.claims import expected_te_backends
@@ -25,7 +25,7 @@ from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import NO_BACKEND, TransformerEngine, fused_sub_backend, te_versions
-from correctness.errors import PathUnavailable, RecipeError
+from correctness.errors import ImplementationUnavailable, RecipeError
 from correctness.harness import run_case, run_lever
 from correctness.lever import Lever, LeverOptions
 from correctness.results import RecipeRef
@@ -229,7 +229,7 @@ def sdpa_raising(monkeypatch, error):
                                      "No viable backend for scaled_dot_product_attention was found."])
 def test_sdpa_refusal_is_unavailable(monkeypatch, message):
     inputs = sdpa_raising(monkeypatch, RuntimeError(message))
-    with pytest.raises(PathUnavailable, match="torch SDPA cudnn refuses"):
+    with pytest.raises(ImplementationUnavailable, match="torch SDPA cudnn refuses"):
         Sdpa("cudnn").run(inputs)
 
 

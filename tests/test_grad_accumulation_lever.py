@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from correctness import tiers
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.grad_accumulation import inputs as accumulation_inputs
 from correctness.grad_accumulation import lever as accumulation
 from correctness.grad_accumulation.inputs import AccumulationShape, make_inputs, tensor_name
@@ -162,7 +162,7 @@ def test_the_floor_is_the_reference_with_each_microbatch_gradient_rounded_once()
     inputs = make_inputs(tiny_shape(), 0, "cpu")
     floor = accumulation.wgrad_floor("bf16")
     assert floor.format == "BF16" and len(floor.roundings) == 1
-    tensors = floor.path.run(inputs).tensors
+    tensors = floor.implementation.run(inputs).tensors
     terms = [(dy.reshape(-1, 24).double().t() @ x.reshape(-1, 16).double()).bfloat16().double()
              for x, dy in (inputs.microbatch(m) for m in range(5))]
     assert tensors[tensor_name(1)].dtype == torch.float32
@@ -221,9 +221,9 @@ def test_wrong_bf16_accumulations_fail_where_the_honest_one_is_format_limited():
 def test_megatron_missing_is_a_refusal_and_te_needs_a_gpu(monkeypatch):
     inputs = make_inputs(tiny_shape(), 0, "cpu")
     monkeypatch.setitem(sys.modules, "megatron.core.tensor_parallel.layers", None)
-    with pytest.raises(PathUnavailable, match="megatron-core is not usable"):
+    with pytest.raises(ImplementationUnavailable, match="megatron-core is not usable"):
         MegatronWgrad(fused=False).run(inputs)
-    with pytest.raises(PathUnavailable, match="CUDA GPU only"):
+    with pytest.raises(ImplementationUnavailable, match="CUDA GPU only"):
         TeWgrad(fused=True).run(inputs)
 
 

@@ -226,7 +226,7 @@ def test_a_real_lever_record_fits_the_record_schema(tmp_path):
     """A record of a real lever (the packed loss's CPU tier: slices none, invariants none) and of
     the attention lever's declaration with slices and invariants, as written, read back."""
     from correctness.harness import build_record, run_case
-    from correctness.loss import packing as loss_packing
+    from correctness.loss import lever as loss_packing
 
     lever = loss_packing.cpu_tier("nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k", LeverOptions())[0]
     record = build_record(lever, [run_case(lever, case) for case in lever.cases], "2026-01-01T00:00:00+00:00", 1.0)

@@ -18,8 +18,8 @@ from correctness import (
     CorrectnessError,
     Lever,
     Mutated,
-    PathOutput,
-    PathUnavailable,
+    ImplementationOutput,
+    ImplementationUnavailable,
     RecipeRef,
     Rule,
     read_record,
@@ -47,7 +47,7 @@ class RunningSum:
     accumulate: torch.dtype
     output: torch.dtype = torch.float32
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         rows = torch.zeros(inputs.shape[0], dtype=self.accumulate)
         for column in inputs.to(self.accumulate).unbind(-1):
             rows = rows + column
@@ -55,7 +55,8 @@ class RunningSum:
         for row in rows:
             total = total + row
         backend = f"running-sum-{str(self.accumulate).removeprefix('torch.')}"
-        return PathOutput(tensors={"rows": rows.to(self.output), "total": total.to(self.output)}, backend=backend)
+        return ImplementationOutput(
+            tensors={"rows": rows.to(self.output), "total": total.to(self.output)}, backend=backend)
 
 
 DEFAULT = RunningSum("bf16 accumulation", torch.bfloat16)
@@ -71,11 +72,11 @@ class WithNan:
     index: int
     name: str = "nan candidate"
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         output = self.base.run(inputs)
         rows = output.tensors["rows"].clone()
         rows[self.index] = math.nan
-        return PathOutput(tensors={**output.tensors, "rows": rows}, backend=output.backend)
+        return ImplementationOutput(tensors={**output.tensors, "rows": rows}, backend=output.backend)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class ChangesAfterFirstCall:
     calls: int = field(default=0)
     unchanged_calls: int = 1
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         self.calls += 1
         return (self.base if self.calls <= self.unchanged_calls else self.then).run(inputs)
 
@@ -101,11 +102,11 @@ class TotalOneUlpUp:
     base: Any
     name: str = "fp32 accumulation, nudged"
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         output = self.base.run(inputs)
         total = output.tensors["total"]
         nudged = torch.nextafter(total, torch.tensor(math.inf, dtype=total.dtype))
-        return PathOutput(tensors={**output.tensors, "total": nudged}, backend=output.backend)
+        return ImplementationOutput(tensors={**output.tensors, "total": nudged}, backend=output.backend)
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,8 @@ class Unavailable:
     name: str
     reason: str
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
-        raise PathUnavailable(self.reason)
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
+        raise ImplementationUnavailable(self.reason)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def toy_case(seed: int, **changes: Any) -> Case:
 def doubled_inputs_control(base: Any = CANDIDATE, **changes: Any) -> Control:
     control = Control(
         name="inputs doubled",
-        path=Mutated(base=base, mutation="every input doubled", mutate=lambda inputs: inputs * 2),
+        implementation=Mutated(base=base, mutation="every input doubled", mutate=lambda inputs: inputs * 2),
     )
     return replace(control, **changes)
 
@@ -200,7 +201,7 @@ def test_a_candidate_over_the_bound_fails_naming_tensor_and_worst_element():
 
 
 def test_a_negative_control_that_passes_fails_the_case_for_lack_of_power():
-    powerless = Control(name="no-op", path=Mutated(base=CANDIDATE, mutation="nothing", mutate=lambda x: x))
+    powerless = Control(name="no-op", implementation=Mutated(base=CANDIDATE, mutation="nothing", mutate=lambda x: x))
     result = run_case(toy_lever(controls=(powerless,)), toy_case(0))
     assert result.status == "fail"
     assert result.candidate.passes
@@ -261,7 +262,7 @@ def test_under_a_repeatability_rule_a_control_inside_the_bound_fails_by_its_spre
     """A control that changes only low bits between runs has power under the repeatability rule and none under
     the default rule."""
     def flaky_control():
-        return Control(name="total nudged after the first run", path=ChangesAfterFirstCall(
+        return Control(name="total nudged after the first run", implementation=ChangesAfterFirstCall(
             "fp32 accumulation (nudged)", base=CANDIDATE, then=TotalOneUlpUp(CANDIDATE)))
 
     result = run_case(toy_lever(controls=(flaky_control(),), rule=REPEATABLE, rule_reason="toy"), toy_case(0))
@@ -272,7 +273,7 @@ def test_under_a_repeatability_rule_a_control_inside_the_bound_fails_by_its_spre
     powerless = run_case(toy_lever(controls=(flaky_control(),)), toy_case(0))
     assert powerless.status == "fail" and powerless.controls[0].spread is None
     assert powerless.failures[0].startswith("negative control 'total nudged after the first run' passes the bound")
-    repeatable = Control(name="no-op", path=Mutated(base=CANDIDATE, mutation="nothing", mutate=lambda x: x))
+    repeatable = Control(name="no-op", implementation=Mutated(base=CANDIDATE, mutation="nothing", mutate=lambda x: x))
     result = run_case(toy_lever(controls=(repeatable,), rule=REPEATABLE, rule_reason="toy"), toy_case(0))
     assert result.failures[0].endswith("and is bitwise repeatable over 3 runs: no power on this case")
 
@@ -286,7 +287,7 @@ def test_the_default_spread_is_recorded_and_not_judged():
 
 
 def test_a_repeatability_record_round_trips_through_json(tmp_path):
-    flaky = Control(name="total nudged after the first run", path=ChangesAfterFirstCall(
+    flaky = Control(name="total nudged after the first run", implementation=ChangesAfterFirstCall(
         "fp32 accumulation (nudged)", base=CANDIDATE, then=TotalOneUlpUp(CANDIDATE)))
     record = run_lever(toy_lever(controls=(flaky,), rule=REPEATABLE, rule_reason="toy"))
     path = results_module.write_record(record, tmp_path)
@@ -337,7 +338,7 @@ class Raises:
     name: str
     error: Exception
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         raise self.error
 
 
@@ -352,7 +353,7 @@ class Counted:
     def name(self) -> str:
         return self.base.name
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         self.calls += 1
         return self.base.run(inputs)
 
@@ -368,9 +369,9 @@ class Renamed:
     def name(self) -> str:
         return self.base.name
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         output = self.base.run(inputs)
-        return PathOutput(tensors=output.tensors, backend=self.backend, details=output.details)
+        return ImplementationOutput(tensors=output.tensors, backend=self.backend, details=output.details)
 
 
 @pytest.mark.parametrize(
@@ -387,7 +388,7 @@ def test_an_error_that_is_not_a_refusal_fails_the_case_with_its_message(error):
 
 
 def test_an_error_in_a_control_names_the_control():
-    broken = Control(name="broken", path=Raises("broken sum", ValueError("bad shape")))
+    broken = Control(name="broken", implementation=Raises("broken sum", ValueError("bad shape")))
     result = run_case(toy_lever(controls=(doubled_inputs_control(), broken)), toy_case(0))
     assert result.status == "fail"
     assert result.failures == ("control 'broken' (broken sum) raised ValueError: bad shape",)
@@ -473,7 +474,7 @@ class SeesThreads:
     def name(self) -> str:
         return self.base.name
 
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         self.seen.append(torch.get_num_threads())
         return self.base.run(inputs)
 
@@ -484,7 +485,7 @@ def denormals_survive() -> bool:
 
 
 class SeesDenormals(SeesThreads):
-    def run(self, inputs: torch.Tensor) -> PathOutput:
+    def run(self, inputs: torch.Tensor) -> ImplementationOutput:
         self.seen.append(denormals_survive())
         return self.base.run(inputs)
 

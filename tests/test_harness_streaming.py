@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from correctness import Case, Control, Lever, PathOutput, RecipeRef, run_case
+from correctness import Case, Control, Lever, ImplementationOutput, RecipeRef, run_case
 from correctness.compare import compare_tensor
 from correctness.lever import Streamed
 from correctness.rule import DEFAULT_RULE
@@ -28,9 +28,9 @@ class Square:
     dtype: torch.dtype
     scale: float = 1.0
 
-    def run(self, unit: Unit) -> PathOutput:
+    def run(self, unit: Unit) -> ImplementationOutput:
         y = (unit.x.to(self.dtype) ** 2 * self.scale).to(unit.x.dtype if self.dtype != torch.float64 else self.dtype)
-        return PathOutput(tensors={f"{unit.name}/square": y}, backend=f"{self.name}-{unit.name}")
+        return ImplementationOutput(tensors={f"{unit.name}/square": y}, backend=f"{self.name}-{unit.name}")
 
 
 def whole(seed: int) -> dict[str, torch.Tensor]:
@@ -52,7 +52,7 @@ def lever(**changes) -> Lever:
                     make_inputs=lambda device: streamed(0)),),
         candidate=Square("fp32", torch.float32), default=Square("bf16", torch.bfloat16),
         reference=Square("fp64", torch.float64),
-        controls=(Control(name="scaled", path=Square("fp32-scaled", torch.float32, scale=1.01)),),
+        controls=(Control(name="scaled", implementation=Square("fp32-scaled", torch.float32, scale=1.01)),),
     )
     return Lever(**{**fields, **changes})
 
@@ -88,7 +88,7 @@ def test_a_control_failing_in_one_unit_fails_the_bound():
         def run(self, unit):
             return Square(self.name, self.dtype, 2.0 if unit.name == "b" else 1.0).run(unit)
 
-    result = run_case(lever(controls=(Control(name="b doubled", path=WrongOnB("fp32", torch.float32)),)),
+    result = run_case(lever(controls=(Control(name="b doubled", implementation=WrongOnB("fp32", torch.float32)),)),
                       lever().cases[0])
     (control,) = result.controls
     assert control.fails_bound

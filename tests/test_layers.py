@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "correctness"
-# A lever kind: a package of correctness/ with a lever module (`lever.py`, or moe's `*_lever.py`).
+# A lever kind: a package of correctness/ with a lever module: `lever.py` where the kind has one lever,
+# `<what>_lever.py` for each where it has several (attention, moe).
 KINDS = sorted({path.parent.name for pattern in ("*/lever.py", "*/*_lever.py") for path in PACKAGE.glob(pattern)})
 SHARED = [
     PACKAGE / "shapes.py", PACKAGE / "heads.py", PACKAGE / "results.py",

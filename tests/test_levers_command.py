@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from correctness.attention import softmax_precision
+from correctness.attention import softmax_precision_lever as softmax_precision
 from correctness.cli import main
 from correctness.classify import RulesError, load_rules
 from correctness.commands.levers import WIDTH

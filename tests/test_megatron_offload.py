@@ -13,7 +13,7 @@ import torch
 from correctness.adam.arithmetic import QUANTITIES, clipped
 from correctness.adam.offload_setting import offload_setting
 from correctness.adam.split import CPU, GPU, offload_split, offload_summary
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness.optimizer import lever as offload
@@ -134,9 +134,9 @@ def test_cpu_fused_adam_computes_the_eager_path_bitwise(smoke):
 def test_megatron_paths_are_unavailable_without_megatron_core(monkeypatch, smoke):
     monkeypatch.setitem(sys.modules, UPSTREAM, None)  # import fails as where megatron-core is missing
     chosen, whole = smoke
-    with pytest.raises(PathUnavailable, match="megatron-core is not usable here"):
+    with pytest.raises(ImplementationUnavailable, match="megatron-core is not usable here"):
         MegatronHybrid(chosen.fraction, device="cpu").run(whole)
-    with pytest.raises(PathUnavailable, match="megatron-core is not usable here"):
+    with pytest.raises(ImplementationUnavailable, match="megatron-core is not usable here"):
         megatron_split(chosen.slices, chosen.fraction, overlap=True)
 
 
@@ -172,7 +172,7 @@ def test_every_share_steps_in_the_candidate_and_in_each_control(smoke):
     every 2-D weight on either share moves."""
     chosen, whole = smoke
     (lever,) = offload.megatron_cpu_tier(chosen.recipe.id, LeverOptions())
-    paths = {"candidate": lever.candidate, **{control.name: control.path for control in lever.controls}}
+    paths = {"candidate": lever.candidate, **{control.name: control.implementation for control in lever.controls}}
     names = [p.name for p in chosen.slices]
     weights = {p.name for p in chosen.slices if len(p.shape) > 1}
     for label, path in paths.items():

@@ -228,7 +228,7 @@ def test_every_tier_is_the_same_lever_with_its_own_candidate():
     for tier, device in (("megatron", "cuda"), ("megatron-cpu", "cpu")):
         (lever,) = tiers[tier]
         assert lever.candidate == MegatronHybrid(0.8, device=device)
-        assert [c.path for c in lever.controls[:2]] == [
+        assert [c.implementation for c in lever.controls[:2]] == [
             MegatronHybrid(0.8, bias_correction=False, device=device),
             MegatronHybrid(0.8, fp32_masters=False, device=device),
         ]

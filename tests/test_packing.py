@@ -6,13 +6,13 @@ import torch
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.masks import visible_keys
-from correctness.attention.packing import PerRow, boundary_one_late, without_boundary
+from correctness.attention.thd_packing_lever import PerRow, boundary_one_late, without_boundary
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
 from numerics import FP32_AGREEMENT, relative_l2_error
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
-from correctness.loss import packing as loss
+from correctness.loss import lever as loss
 from correctness.attention.shapes import AttentionShape
 from references.cross_entropy import masked_loss_sum
 

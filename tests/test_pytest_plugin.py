@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from correctness import Case, Control, Lever, Mutated, PathOutput, RecipeRef
+from correctness import Case, Control, Lever, Mutated, ImplementationOutput, RecipeRef
 from correctness.tiers import CPU, GPU, recipe_gpu_tier
 
 RECIPE = RecipeRef(id="toy/cpu/sum", model="Toy", gpu="none", sha256="0" * 64)
@@ -34,7 +34,7 @@ class Sum:
     def run(self, inputs):
         values = inputs[..., :-1] if self.drop_last else inputs
         total = (values.to(self.accumulate).sum(-1) * self.scale).to(self.output)
-        return PathOutput(tensors={"total": total}, backend=f"torch-sum-{self.name}")
+        return ImplementationOutput(tensors={"total": total}, backend=f"torch-sum-{self.name}")
 
 
 def toy_case(seed, skip_reason=None):
@@ -52,7 +52,7 @@ def toy_lever(candidate, cases=(toy_case(0), toy_case(1)), tier=CPU):
         cases=tuple(cases), candidate=candidate, default=Sum("fp32", torch.float32),
         reference=Sum("fp64 reference", torch.float64, output=torch.float64),
         controls=(Control(name="inputs doubled",
-                          path=Mutated(base=candidate, mutation="doubled", mutate=lambda x: x * 2)),),
+                          implementation=Mutated(base=candidate, mutation="doubled", mutate=lambda x: x * 2)),),
     )
 
 

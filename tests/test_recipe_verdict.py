@@ -29,7 +29,8 @@ def record(lever: str, candidate=CANDIDATE, recipe=None, format_floor=None, defa
         name=lever, version=1, tier=CPU, description=f"toy {lever}", recipe=(recipe or load_recipe(recipe_path(GEMMA))).ref,
         cases=(toy_case(0, recipe_runs=recipe_runs),), candidate=candidate, default=default,
         reference=Sum("fp64 sums", torch.float64), format_floor=format_floor,
-        controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
+        controls=(Control(name="doubled",
+                          implementation=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
     ))
 
 
@@ -82,7 +83,8 @@ def test_records_of_another_recipe_are_left_out(gemma):
 
 
 def bf16_floor():
-    return FormatFloor(format="BF16", roundings=("the sums to BF16",), path=Sum("fp64 sums through bf16", torch.bfloat16))
+    return FormatFloor(format="BF16", roundings=("the sums to BF16",),
+                       implementation=Sum("fp64 sums through bf16", torch.bfloat16))
 
 
 @pytest.mark.parametrize("converged", [True, False])

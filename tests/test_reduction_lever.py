@@ -1,5 +1,5 @@
 """The gradient-reduction-dtype lever: its FP64 reference, Megatron's buffer layout and sync, the
-CPU tier end to end, and a rank that fails (correctness/reduction/, references/gradient_sum.py)."""
+CPU tier end to end, and a rank that fails (correctness/grad_reduction/, references/gradient_sum.py)."""
 
 import dataclasses
 import math
@@ -13,8 +13,8 @@ import torch
 from correctness.distributed import DistributedError, run_ranks
 from correctness.harness import run_candidates, run_case, run_lever
 from correctness.lever import LeverOptions, NotApplicable
-from correctness.reduction import lever as reduction
-from correctness.reduction.plan import (
+from correctness.grad_reduction import lever as reduction
+from correctness.grad_reduction.plan import (
     FP32_ACCUMULATION,
     HOPS_THROUGH_FP8,
     LARGE_FACTOR,
@@ -27,8 +27,8 @@ from correctness.reduction.plan import (
     draw_plan,
     rank_gradients,
 )
-from correctness.reduction.ranks import from_portable, reduce_on_ranks
-from correctness.reduction.wrong import WRONG_IMPLEMENTATIONS
+from correctness.grad_reduction.ranks import from_portable, reduce_on_ranks
+from correctness.grad_reduction.wrong import WRONG_IMPLEMENTATIONS
 from correctness.results import FORMAT_LIMITED, read_record, record_to_json, stated_fields_disagree, write_record
 from references.gradient_sum import fp64_sum
 from references.rounding import round_to_nearest
@@ -160,7 +160,7 @@ def test_the_nccl_tier_skips_with_the_reason_without_two_gpus():
 def megatron_sync_with_a_shifted_layout(rank, world_size, plan):
     import torch.distributed as dist
 
-    from correctness.reduction.megatron_sync import grad_sync
+    from correctness.grad_reduction.megatron_sync import grad_sync
 
     layout = plan.layout(world_size)
     shifted = dataclasses.replace(layout, starts=tuple(start + 64 for start in layout.starts))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from correctness import te_on_cpu
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions, NotApplicable
 from correctness.models import load_model
@@ -95,7 +95,7 @@ def test_fused_arithmetic_rounds_the_fp64_rotation_once(interleaved):
 
 
 def test_fused_path_on_the_cpu_is_unavailable_not_an_error():
-    with pytest.raises(PathUnavailable, match="CUDA"):
+    with pytest.raises(ImplementationUnavailable, match="CUDA"):
         MegatronRope(fused=True).run(_smoke_inputs("sliding"))
 
 
@@ -251,7 +251,7 @@ def test_the_comparison_with_tes_unfused_rope_rejects_each_wrong_variant(case):
                if control.why_inapplicable(types.SimpleNamespace(shape=inputs.shape)) is None]
     assert len(applied) >= 3
     for control in applied:
-        differ = _disagreement(control.path.run(inputs).tensors, te)
+        differ = _disagreement(control.implementation.run(inputs).tensors, te)
         assert set(ROTATED) <= set(differ) and min(differ[name] for name in ROTATED) > 0.2, (control.name, differ)
 
 

@@ -116,7 +116,7 @@ def test_megatron_fp32_router_matches_the_reference():
 def test_the_floor_is_the_reference_routing_of_the_rounded_logits():
     lever = small(router.cpu_tier(QWEN3_MOE, LeverOptions())[0])
     inputs = lever.cases[0].make_inputs(torch.device("cpu"))
-    floor = lever.format_floor.path.run(inputs).tensors
+    floor = lever.format_floor.implementation.run(inputs).tensors
     rounded = inputs.reference["logits"].to(torch.bfloat16).double()
     shape = inputs.shape
     from_rounded = route(rounded, torch.eye(shape.experts, dtype=torch.float64), top_k=shape.top_k,
@@ -161,7 +161,7 @@ def test_megatron_sigmoid_routing_is_the_floors_routing_token_by_token():
     lever = small(router.cpu_tier(NEMOTRON, LeverOptions())[0])
     inputs = lever.cases[0].make_inputs(torch.device("cpu"))
     chosen = MegatronRouter(None).run(inputs).tensors["combination_weights"] != 0
-    floor = lever.format_floor.path.run(inputs).tensors["combination_weights"] != 0
+    floor = lever.format_floor.implementation.run(inputs).tensors["combination_weights"] != 0
     assert torch.equal(chosen, floor)
     logits_only = inputs.routed(round_logits=lambda logits: logits.to(torch.bfloat16))["chosen"]
     changed = {name: int((routing != inputs.reference["chosen"]).any(dim=-1).sum()) for name, routing in

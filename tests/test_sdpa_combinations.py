@@ -6,8 +6,8 @@ GPU kernel runs here."""
 import pytest
 import torch
 
-from correctness.attention import lever as attention
-from correctness.attention import packing
+from correctness.attention import backend_lever as attention
+from correctness.attention import thd_packing_lever as packing
 from correctness.attention.combinations import dispatch_refusal, gpu_sdpa_levers, sdpa_combination
 from correctness.attention.inputs import synthetic_inputs
 from correctness.composites.determinism import lever as determinism

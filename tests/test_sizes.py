@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from correctness import LeverOptions
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.cli import main
 from correctness.cross_entropy import lever as cross_entropy
 from correctness.errors import RecipeError, ShapeError

@@ -13,13 +13,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from correctness.attention import softmax_precision
+from correctness.attention import softmax_precision_lever as softmax_precision
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.megatron_softmax import MegatronAttention, megatron_attention_on_cpu
 from correctness.attention.shapes import attention_shape
 from correctness.shapes import Scale, SMOKE_SCALE
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.fixtures import recipe_path
 from correctness.harness import run_case
 from correctness.lever import LeverOptions, NotApplicable
@@ -157,13 +157,13 @@ def test_features_the_module_lacks_are_refused():
         (inputs.with_shape(window=(3, 2)), "window"),
         (inputs.with_shape(dtype="fp32"), "BF16 and FP16"),
     ):
-        with pytest.raises(PathUnavailable, match=why):
+        with pytest.raises(ImplementationUnavailable, match=why):
             BF16.run(changed)
 
 
 def test_without_megatron_core_the_path_is_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.core", None)
-    with pytest.raises(PathUnavailable, match="megatron-core is not usable here"):
+    with pytest.raises(ImplementationUnavailable, match="megatron-core is not usable here"):
         BF16.run(inputs_of(next(iter(SHAPES.values()))))
 
 
@@ -212,7 +212,7 @@ def test_the_lever_builds_from_both_recipes(recipe_id):
     assert fusion.candidate.softmax_in_fp32 and fusion.default.softmax_in_fp32
     assert fusion.cases[0].shape.scale == "smoke" and fusion.record_id != gpu[0].record_id
     mask = next(control for control in fusion.controls if control.name == "mask ignored")
-    assert mask.path.masked_softmax_fusion is False  # the fused kernel takes no mask function
+    assert mask.implementation.masked_softmax_fusion is False  # the fused kernel takes no mask function
 
 
 def test_the_description_names_no_other_levers_test():

@@ -13,8 +13,8 @@ from torch import _dynamo
 from correctness import tiers
 from correctness.harness import run_case
 from correctness.lever import Case, LeverOptions, NotApplicable
-from correctness.mlp import lever as swiglu
-from correctness.mlp.paths import FUSED, MegatronSwiglu, SwigluInputs
+from correctness.swiglu import lever as swiglu
+from correctness.swiglu.paths import FUSED, MegatronSwiglu, SwigluInputs
 from correctness.models import facts_for
 from correctness.recipes import lever_recipe
 from references.swiglu import gated_unit, gated_unit_backward
@@ -151,7 +151,7 @@ def test_a_bias_on_the_experts_skips_with_megatrons_refusal(eager_jit_fuser):
     generator = torch.Generator().manual_seed(0)
     inputs = SwigluInputs(x=torch.randn(8, 16, generator=generator).bfloat16(), grad=torch.randn(8, 8).bfloat16(),
                           bias=torch.zeros(16).bfloat16(), probs=torch.rand(8, 1))
-    from correctness.errors import PathUnavailable
+    from correctness.errors import ImplementationUnavailable
 
-    with pytest.raises(PathUnavailable, match="takes no bias"):
+    with pytest.raises(ImplementationUnavailable, match="takes no bias"):
         MegatronSwiglu(FUSED, fused=True).run(inputs)

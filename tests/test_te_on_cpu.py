@@ -13,13 +13,13 @@ import torch
 
 from attention_shapes import tiny_shape
 from numerics import FP32_AGREEMENT, relative_l2_error
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 import correctness.attention.eager as eager_module
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import synthetic_inputs
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.te import TransformerEngine
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.harness import run_case
 from correctness.lever import LeverOptions
 from correctness import te_on_cpu
@@ -107,13 +107,14 @@ def test_tes_backend_selection_runs_and_chooses_unfused_on_the_cpu():
 @pytest.mark.parametrize("backend", ["fused", "flash"])
 def test_a_forced_kernel_is_tes_own_refusal(backend):
     inputs = synthetic_inputs(SHAPES["window"], seed=0, device=CPU, variant="model-like")
-    with pytest.raises(PathUnavailable, match=f"TE {backend} refuses .*No dot product attention backend is available"):
+    refused = f"TE {backend} refuses .*No dot product attention backend is available"
+    with pytest.raises(ImplementationUnavailable, match=refused):
         TransformerEngine(backend, on_cpu=True).run(inputs)
 
 
 def test_a_softcap_is_refused_before_te_runs():
     inputs = synthetic_inputs(tiny_shape(softcap=5.0), seed=0, device=CPU, variant="model-like")
-    with pytest.raises(PathUnavailable, match="no softcap on any backend"):
+    with pytest.raises(ImplementationUnavailable, match="no softcap on any backend"):
         TE_UNFUSED.run(inputs)
 
 
@@ -168,7 +169,7 @@ def test_a_folder_without_te_is_the_tiers_reason(monkeypatch, tmp_path):
     monkeypatch.setenv(te_on_cpu.FOLDER_VARIABLE, str(tmp_path))
     assert f"not installed for the CPU tier in {tmp_path}" in te_on_cpu.unusable_reason()
     inputs = synthetic_inputs(SHAPES["window"], seed=0, device=CPU, variant="model-like")
-    with pytest.raises(PathUnavailable, match="not installed for the CPU tier"):
+    with pytest.raises(ImplementationUnavailable, match="not installed for the CPU tier"):
         TE_UNFUSED.run(inputs)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from dataclasses import dataclass
 
-from correctness import Case, Control, Lever, Mutated, PathOutput, run_case
+from correctness import Case, Control, Lever, Mutated, ImplementationOutput, run_case
 from correctness.fixtures import recipe_path
 from correctness.harness import build_record
 from correctness.recipes import Recipe, load_recipe
@@ -25,7 +25,7 @@ class Sum:
     dtype: torch.dtype
 
     def run(self, inputs):
-        return PathOutput(tensors={"sums": inputs.to(self.dtype).sum(-1).float()}, backend=self.name)
+        return ImplementationOutput(tensors={"sums": inputs.to(self.dtype).sum(-1).float()}, backend=self.name)
 
 
 def toy_case(seed: int, **changes) -> Case:
@@ -45,7 +45,8 @@ def toy_record(folder: Path, cases=None, *, run=None, name: str = "sums", recipe
         recipe=(recipe or load_recipe(recipe_path(GEMMA))).ref,
         cases=tuple(cases or (toy_case(0),)), candidate=candidate, default=Sum("bf16 sums", torch.bfloat16),
         reference=Sum("fp64 sums", torch.float64),
-        controls=(Control(name="doubled", path=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
+        controls=(Control(name="doubled",
+                          implementation=Mutated(base=candidate, mutation="x2", mutate=lambda x: 2 * x)),),
     )
     ran = [run_case(lever, case) for case in (lever.cases if run is None else run)]
     return write_record(build_record(lever, ran, started="2026-12-01T00:00:00+00:00", seconds=1.0), folder)

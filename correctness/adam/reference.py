@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from correctness.adam.arithmetic import outputs
 from correctness.adam.inputs import OptimizerUnit
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 from references.adamw import adamw_run, clip_coefficient
 
 
@@ -19,7 +19,7 @@ class Fp64AdamW:
     def name(self) -> str:
         return "fp64-adamw" + (" (fp32 hyperparameters)" if self.fp32_hyperparameters else "")
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         hypers = [unit.config.hyperparameters(i, unit.weight_decay_multiplier) for i in unit.iterations()]
         if self.fp32_hyperparameters:
             hypers = [hyper.rounded_to_fp32() for hyper in hypers]
@@ -30,7 +30,7 @@ class Fp64AdamW:
             clip_coefficients=[clip_coefficient(norm, unit.config.clip_grad) for norm in unit.grad_norms],
         )
         master0 = unit.weights.double()
-        return PathOutput(
+        return ImplementationOutput(
             tensors=outputs(unit, master0, result["master"], result["exp_avg"], result["exp_avg_sq"]),
             backend=self.name,
         )

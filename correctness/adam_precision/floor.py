@@ -28,7 +28,7 @@ import torch
 from correctness.adam.inputs import OptimizerUnit
 from correctness.adam_precision.paths import StateDtypes, named_outputs
 from correctness.adam_precision.state import load, store
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 from references.adamw import adamw_run, clip_coefficient
 from references.rounding import round_to_nearest
 
@@ -57,7 +57,7 @@ class Fp64StoredAdamW:
     def name(self) -> str:
         return f"fp64-adamw-state-stored-{self.dtypes.label}"
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         before_storage: dict[str, torch.Tensor] = {}  # each state's last value as computed, before stored
 
         def stored(name: str, values: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ class Fp64StoredAdamW:
         # the BF16 parameter as TE writes it, from the master it computed
         bf16 = round_to_nearest(before_storage["master"], torch.bfloat16)
         tensors = named_outputs(unit, result["master"], bf16, result["exp_avg"], result["exp_avg_sq"])
-        return PathOutput(
+        return ImplementationOutput(
             tensors={name: t if t.dtype == torch.bfloat16 else t.float() for name, t in tensors.items()},
             backend=f"fp64 AdamW, state stored as {self.dtypes.label} (format floor)",
         )

@@ -316,18 +316,18 @@ def precision_lever(
         cases=tuple(cases), candidate=ByCase(make=path, label=f"{family}-lowered-state"),
         default=OnUnit(path(StateDtypes())), reference=shared(Fp64AdamW()),
         controls=(
-            Control(name="no bias correction", path=ByCase(
+            Control(name="no bias correction", implementation=ByCase(
                 make=lambda dtypes: path(dtypes, bias_correction=False), label=f"{family} (no bias correction)"),
                 why_inapplicable=_bias_correction_unseen),
-            Control(name="moments zeroed before each step", path=ByCase(
+            Control(name="moments zeroed before each step", implementation=ByCase(
                 make=lambda dtypes: path(dtypes, zero_moments=True),
                 label=f"{family} (moments zeroed before each step)")),
-            Control(name="moments stored unscaled", path=ByCase(
+            Control(name="moments stored unscaled", implementation=ByCase(
                 make=lambda dtypes: path(dtypes, scaled=False), label=f"{family} (moments stored unscaled)"),
                 why_inapplicable=_unscaled_inapplicable),
         ),
         secondary_references=(shared(Fp64AdamW(fp32_hyperparameters=True)),),
-        format_floor=FormatFloor(format=FORMAT, roundings=ROUNDINGS, path=ByCase(
+        format_floor=FormatFloor(format=FORMAT, roundings=ROUNDINGS, implementation=ByCase(
             make=Fp64StoredAdamW, label="fp64-adamw-state-stored-in-the-case-dtypes")),
         summarize=share_summary(gpu_names, {p.name: p.numel for p in setting.slices}),
         cpu_threads=1 if tier.device == "cpu" else None,

@@ -45,8 +45,8 @@ from correctness.adam.inputs import OptimizerUnit
 from correctness.adam_precision.state import (
     STATE_FORMATS, StateFormat, Stored, join_remainder, load, split_remainder, state_format, store, zeros,
 )
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 TRUNCATED = "lowered states truncated toward zero instead of rounded to nearest even"
@@ -144,7 +144,7 @@ class EmulatedFusedAdam:
             values = load(store(STATE_FORMATS["fp8"], values))
         return store(self.dtypes.format(name), values, scaled=self.scaled, toward_zero=self.mistake == TRUNCATED)
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         master_format = self.dtypes.format("master_param")
         truncated = self.mistake == TRUNCATED
         master = store(master_format, unit.weights.float(), toward_zero=truncated)
@@ -166,7 +166,7 @@ class EmulatedFusedAdam:
             moments = {name: self._moment_stored(name, values) for name, values in zip(MOMENTS, (m, v))}
         # The BF16 parameter the last step wrote, from the FP32 master it computed.
         bf16 = split_remainder(p)[0] if self.dtypes.remainders else p.to(torch.bfloat16)
-        return PathOutput(
+        return ImplementationOutput(
             tensors=named_outputs(unit, load(master), bf16, load(moments["exp_avg"]), load(moments["exp_avg_sq"])),
             backend=f"emulated TE FusedAdam (cpu stand-in for the CUDA kernel: fp32 math, {self.dtypes.label}"
             + _variant(self.bias_correction, self.zero_moments, self.scaled, self.mistake) + ")",
@@ -179,9 +179,10 @@ def _fused_adam_classes():
         from transformer_engine.pytorch.optimizers import FusedAdam
         from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
     except Exception as error:  # TE raises RuntimeError, OSError... where unusable
-        raise PathUnavailable(f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
+        raise ImplementationUnavailable(
+            f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
     if not torch.cuda.is_available():
-        raise PathUnavailable("TE FusedAdam needs a CUDA device; none is available")
+        raise ImplementationUnavailable("TE FusedAdam needs a CUDA device; none is available")
 
     class UnscaledMomentsFusedAdam(FusedAdam):
         """FusedAdam storing its FP16 and FP8 moments without their per-tensor scale (a control)."""
@@ -213,7 +214,7 @@ class TeFusedAdamState:
     def name(self) -> str:
         return f"{self.family}-{self.dtypes.label}"
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         fused_adam, unscaled_fused_adam, version = _fused_adam_classes()
         param = torch.nn.Parameter(unit.weights.to("cuda").clone())  # the BF16 parameter shard
         hyper = unit.config.hyperparameters(unit.first_iteration, unit.weight_decay_multiplier)
@@ -240,7 +241,7 @@ class TeFusedAdamState:
         else:
             master = optimizer.get_unscaled_state(param, "master_param").float().cpu()
         moments = [optimizer.get_unscaled_state(param, name).float().cpu() for name in MOMENTS]
-        return PathOutput(
+        return ImplementationOutput(
             tensors=named_outputs(unit, master, bf16, *moments),
             backend=f"TE FusedAdam (cuda, {self.dtypes.label}"
             + _variant(self.bias_correction, self.zero_moments, self.scaled) + ")",

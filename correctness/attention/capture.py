@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from correctness.attention.inputs import CAPTURE_FORMAT, CAPTURE_FORMAT_VERSION, checkpoint_file
-from correctness.attention.lever import checkpoint_layers
+from correctness.attention.backend_lever import checkpoint_layers
 from correctness.errors import CaseInputError, CorrectnessError, ShapeError
 from correctness.models import ModelFacts, facts_for, load_facts
 from correctness.recipes import Recipe

@@ -21,7 +21,7 @@ deterministic-mode lever; never the THD-packing lever, whose subject is the pack
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from correctness.attention.packing import PerRow
+from correctness.attention.thd_packing_lever import PerRow
 from correctness.attention.sdpa import Sdpa, uses_is_causal
 from correctness.attention.shapes import AttentionShape
 from correctness.lever import Case, Implementation, Lever, NotApplicable

@@ -29,7 +29,7 @@ import torch
 
 from correctness.attention.inputs import AttentionInputs
 from correctness.attention.masks import from_heads_first, to_heads_first, visible_keys
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 
 MASKED_LOGIT = -10000.0  # TE's attention_mask_func fill value
 
@@ -74,7 +74,7 @@ class EagerUnfused:
         """The keys each query may attend (a deliberately wrong variant overrides it)."""
         return visible_keys(shape, device)
 
-    def run(self, inputs: AttentionInputs) -> PathOutput:
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         shape = inputs.shape
         q, k, v = (x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
         qh = to_heads_first(shape, q)
@@ -101,7 +101,7 @@ class EagerUnfused:
         tensors = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
         if sinks is not None:
             tensors["dsink"] = sinks.grad
-        return PathOutput(
+        return ImplementationOutput(
             tensors=tensors,
             backend="eager-unfused",
             details={

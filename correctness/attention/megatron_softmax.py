@@ -62,8 +62,8 @@ from torch.overrides import TorchFunctionMode
 
 from correctness.attention.eager import LowPrecisionGemm
 from correctness.attention.inputs import AttentionInputs
-from correctness.errors import PathUnavailable, require_megatron_core
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable, require_megatron_core
+from correctness.lever import ImplementationOutput
 from correctness.megatron.process_groups import TensorParallelSize
 from correctness.provenance import megatron_core_version
 
@@ -216,7 +216,8 @@ class MegatronAttention:
         shape = inputs.shape
         config = self.config(inputs)
         if config.attention_softmax_in_fp32 != self.softmax_in_fp32:
-            raise PathUnavailable(f"TransformerConfig made attention_softmax_in_fp32 {config.attention_softmax_in_fp32}")
+            raise ImplementationUnavailable(
+                f"TransformerConfig made attention_softmax_in_fp32 {config.attention_softmax_in_fp32}")
         module = DotProductAttention(
             config=config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self",
             softmax_scale=shape.softmax_scale,
@@ -226,12 +227,13 @@ class MegatronAttention:
             module.scale_mask_softmax.mask_func = lambda scores, mask: scores
         return module
 
-    def run(self, inputs: AttentionInputs) -> PathOutput:
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         refusal = _refusal(inputs)
         if refusal is not None:
-            raise PathUnavailable(refusal)
+            raise ImplementationUnavailable(refusal)
         if inputs.shape.dtype not in ("bf16", "fp16"):
-            raise PathUnavailable(f"{inputs.shape.dtype} inputs: the softmax precision flag applies to BF16 and FP16 only")
+            raise ImplementationUnavailable(
+                f"{inputs.shape.dtype} inputs: the softmax precision flag applies to BF16 and FP16 only")
         require_megatron_core()
         device = inputs.q.device
         on_cpu = device.type == "cpu"
@@ -240,7 +242,7 @@ class MegatronAttention:
             stack.enter_context(_global_memory_buffer())
             return self._run(inputs, on_cpu)
 
-    def _run(self, inputs: AttentionInputs, on_cpu: bool) -> PathOutput:
+    def _run(self, inputs: AttentionInputs, on_cpu: bool) -> ImplementationOutput:
         from megatron.core.transformer.enums import AttnMaskType
 
         shape = inputs.shape
@@ -257,7 +259,8 @@ class MegatronAttention:
             if fused:
                 import scaled_upper_triang_masked_softmax_cuda  # noqa: F401
         except ImportError as error:
-            raise PathUnavailable(f"Megatron's fused masked-softmax kernel would run and is not built here: {error}") from None
+            raise ImplementationUnavailable(
+                f"Megatron's fused masked-softmax kernel would run and is not built here: {error}") from None
         out = module(qs, ks, vs, attention_mask=None, attn_mask_type=AttnMaskType.causal)
         out = out.view(seq, batch, shape.heads, shape.v_head_dim)
         out = out.squeeze(1) if shape.qkv_format == "thd" else out.transpose(0, 1)
@@ -269,7 +272,7 @@ class MegatronAttention:
         else:
             backend = f"megatron-torch-softmax ({precision})"
             ran = f"torch softmax in {precision}"
-        return PathOutput(
+        return ImplementationOutput(
             tensors={"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad},
             backend=backend + (" (mutated: mask ignored)" if self.mask_ignored else ""),
             details={

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from correctness.attention.inputs import AttentionInputs
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 from references.attention import attention
 
 
@@ -11,7 +11,7 @@ from references.attention import attention
 class Fp64Reference:
     name: str = "fp64-reference"
 
-    def run(self, inputs: AttentionInputs) -> PathOutput:
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         shape = inputs.shape
         tensors = attention(
             inputs.q,
@@ -25,4 +25,5 @@ class Fp64Reference:
             softcap=shape.softcap,
             sinks=inputs.sinks,
         )
-        return PathOutput(tensors=tensors, backend="fp64-reference (query-blocked)", details={"dtype": "float64"})
+        return ImplementationOutput(
+            tensors=tensors, backend="fp64-reference (query-blocked)", details={"dtype": "float64"})

@@ -2,12 +2,12 @@
 
 Only the forced backend is enabled, so a call either runs it or fails. Only torch's refusal (CUDA:
 "No available kernel", CPU: "No viable backend", with the reasons as warnings) makes the path
-unavailable for the case (PathUnavailable); out-of-memory and any other kernel error fail it. On the CPU "flash" is torch's
-flash-attention CPU kernel. Windows and THD rows are given as a boolean mask; plain causal BSHD
+unavailable for the case (ImplementationUnavailable); out-of-memory and any other kernel error
+fail it. On the CPU "flash" is torch's flash-attention CPU kernel. Windows and THD rows are given as a boolean mask; plain causal BSHD
 uses is_causal. GQA is native (enable_gqa) where the backend takes it, else K and V are repeated.
 
 Features SDPA has no argument for:
-- a logit softcap: SDPA cannot apply one, so the path refuses a softcap case (PathUnavailable);
+- a logit softcap: SDPA cannot apply one, so the path refuses a softcap case (ImplementationUnavailable);
 - V of another head dim than q and k (MLA): tried as it is; where the backend refuses it (the flash
   kernels want one head dim), q, k and v are zero-padded to the larger head dim and the output
   sliced back (`equal_head_dims`): zero columns of q and k add nothing to a logit, V's only add output
@@ -33,8 +33,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from correctness.attention.inputs import AttentionInputs
 from correctness.attention.masks import from_heads_first, to_heads_first, visible_keys
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 
 # torch's messages when no enabled backend takes the inputs (aten sdp_utils: CUDA, then CPU)
 REFUSALS = ("No available kernel", "No viable backend for scaled_dot_product_attention")
@@ -112,17 +112,17 @@ class Sdpa:
             out = out[..., :value_dim]
         return from_heads_first(shape, out), lse
 
-    def run(self, inputs: AttentionInputs) -> PathOutput:
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         shape = inputs.shape
         device = inputs.q.device.type
         if shape.softcap is not None:
-            raise PathUnavailable(
+            raise ImplementationUnavailable(
                 f"torch SDPA {self.backend} cannot apply a logit softcap ({shape.id}: softcap {shape.softcap:g});"
                 " scaled_dot_product_attention has no softcap argument"
             )
         sinks = inputs.sinks is not None
         if sinks and (self.backend, device) != ("flash", "cpu"):
-            raise PathUnavailable(
+            raise ImplementationUnavailable(
                 f"torch SDPA {self.backend} on {device} refuses {shape.id}: SDPA has no sinks, and this path"
                 " emulates them (with dsink from the kernel's log-sum-exp) only on the flash CPU kernel"
             )
@@ -166,8 +166,8 @@ class Sdpa:
                 tensors["dsink"] = sink_gradient(shape, sink_probability.squeeze(-1), tensors["out"], inputs.grad_out)
                 details["sinks"] = ("a zero key with the sink logit in a float mask; dsink from exp(sink - LSE)"
                                     " and dO . O in FP32")
-            return PathOutput(tensors=tensors, backend=f"{self.name} ({device} kernel)", details=details)
-        raise PathUnavailable(f"torch SDPA {self.backend} refuses {shape.id}: {' | '.join(refusals)}")
+            return ImplementationOutput(tensors=tensors, backend=f"{self.name} ({device} kernel)", details=details)
+        raise ImplementationUnavailable(f"torch SDPA {self.backend} refuses {shape.id}: {' | '.join(refusals)}")
 
 
 def sink_gradient(shape, sink_probability: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:

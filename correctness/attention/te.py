@@ -15,7 +15,7 @@ Model features, as TE 2.17 has them (read in its source at the v2.17 tag):
   context-parallel code passes flash-attn softcap=0.0), and the experimental cuDNN `score_mod`
   callback, which could express one, "is mutually exclusive with masks, bias, ALiBi, sink attention,
   dropout, FP8, context parallelism, THD format" (forward's docstring), so no causal or windowed
-  softcap: the path refuses a softcap case (PathUnavailable), and the case skips.
+  softcap: the path refuses a softcap case (ImplementationUnavailable), and the case skips.
 - sinks (GPT-OSS): softmax_type="learnable" (TE 2.8 and newer), whose parameter `softmax_offset`
   ([heads], FP32) the path fills with the case's sink logits and whose gradient it reads (dsink).
   FusedAttention (cuDNN) and UnfusedDotProductAttention take it, FlashAttention does not (utils.py
@@ -38,8 +38,8 @@ import torch
 
 from correctness.attention.inputs import AttentionInputs
 from correctness.environment import environment_set
-from correctness.errors import CorrectnessError, PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import CorrectnessError, ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 
 SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 FORCED = {
@@ -65,14 +65,15 @@ def refusal(error: BaseException) -> bool:
 
 
 def import_transformer_engine() -> tuple[Any, Mapping[str, Any]]:
-    """(transformer_engine.pytorch, its backend cache), or PathUnavailable with the reason."""
+    """(transformer_engine.pytorch, its backend cache), or ImplementationUnavailable with the reason."""
     try:
         import transformer_engine.pytorch as te
         from transformer_engine.pytorch.attention.dot_product_attention import _attention_backends
     except Exception as error:  # TE raises RuntimeError, OSError, AssertionError... when unusable
-        raise PathUnavailable(f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
+        raise ImplementationUnavailable(
+            f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
     if not torch.cuda.is_available():
-        raise PathUnavailable("Transformer Engine needs a CUDA device; none is available")
+        raise ImplementationUnavailable("Transformer Engine needs a CUDA device; none is available")
     return te, _attention_backends
 
 
@@ -152,7 +153,7 @@ class TransformerEngine:
     def name(self) -> str:
         return te_backend_name(self.backend)
 
-    def run(self, inputs: AttentionInputs) -> PathOutput:
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         if not self.on_cpu:
             return self._run(inputs)
         from correctness.te_on_cpu import provenance, te_on_cpu
@@ -161,10 +162,10 @@ class TransformerEngine:
             output = self._run(inputs)
         return replace(output, details={**output.details, **provenance()})
 
-    def _run(self, inputs: AttentionInputs) -> PathOutput:
+    def _run(self, inputs: AttentionInputs) -> ImplementationOutput:
         shape = inputs.shape
         if shape.softcap is not None:
-            raise PathUnavailable(
+            raise ImplementationUnavailable(
                 f"TE {self.backend} cannot apply a logit softcap ({shape.id}: softcap {shape.softcap:g}):"
                 " Transformer Engine 2.17's DotProductAttention has no softcap on any backend"
             )
@@ -203,7 +204,7 @@ class TransformerEngine:
                 out = module(q, k, v, qkv_format=shape.qkv_format, attn_mask_type=mask_type, window_size=window, **packing)
             except Exception as error:
                 if refusal(error):
-                    raise PathUnavailable(f"TE {self.backend} refuses {shape.id}: {error}") from None
+                    raise ImplementationUnavailable(f"TE {self.backend} refuses {shape.id}: {error}") from None
                 raise
             ran, sub = backend_that_ran(cache)
             if out.numel() != inputs.grad_out.numel():  # TE returns [b, s, h * d] for BSHD
@@ -220,7 +221,7 @@ class TransformerEngine:
             if module.softmax_offset.grad is None:
                 raise CorrectnessError(f"TE {ran} gave no gradient for its sink logits (softmax_offset) on {shape.id}")
             tensors["dsink"] = module.softmax_offset.grad.detach().float()
-        return PathOutput(
+        return ImplementationOutput(
             tensors=tensors,
             backend=te_backend_name(ran) + (f" ({sub['fused_attention_backend']})" if ran == "fused" else ""),
             details={"requested": self.backend, "ran": ran, **sub, "mask_type": mask_type,

@@ -148,8 +148,8 @@ def cross_entropy_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Leve
     model = facts_for(recipe, options.model)
     timeout = DEFAULT_TIMEOUT if tier.device == "cpu" else GPU_TIMEOUT
     controls = (
-        Control(name="labels off by one position", path=shifted(candidate)),
-        Control(name="max subtraction skipped", path=NO_MAX_PATH, why_inapplicable=overflow_inapplicable),
+        Control(name="labels off by one position", implementation=shifted(candidate)),
+        Control(name="max subtraction skipped", implementation=NO_MAX_PATH, why_inapplicable=overflow_inapplicable),
     )
     session = RankSession(tier.device, timeout) if shared_session else None
     cases = []
@@ -167,7 +167,7 @@ def cross_entropy_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Leve
             case = Case(id=key, shape=shape, seed=seed, source="synthetic", variant=variant, make_inputs=make_inputs,
                         memory_bytes=cross_entropy_memory(shape), memory_driver=cross_entropy_driver(shape))
             calls = ((candidate.call, 2), (UNFUSED_PATH.call, 2)) + tuple(
-                (control.path.call, 1) for control in controls if control.why_inapplicable(case) is None
+                (control.implementation.call, 1) for control in controls if control.why_inapplicable(case) is None
             )
             case_session.plan(key, make_inputs, calls)
             cases.append(case)

@@ -25,8 +25,8 @@ import torch
 from correctness.compare import bitwise_equal
 from correctness.cross_entropy.ranks import FUSED, NO_MAX, SHIFTED_LABELS, TE, UNFUSED, Call, Job, run_jobs
 from correctness.distributed import DistributedError, run_ranks
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 from references.vocab_parallel_cross_entropy import vocab_parallel_cross_entropy
 
 PROBE_POSITIONS = 512
@@ -121,8 +121,8 @@ class RankSession:
             self._run((inputs.job(((call, 1),), probe=call.mutation is None),))
             queue = self._outputs[inputs.key][call]
         self._check_inputs(inputs)
-        runs = queue[0] if isinstance(queue[0], PathUnavailable) else queue.popleft()
-        if isinstance(runs, PathUnavailable):
+        runs = queue[0] if isinstance(queue[0], ImplementationUnavailable) else queue.popleft()
+        if isinstance(runs, ImplementationUnavailable):
             raise runs
         probe = self._probes.pop((inputs.key, call), None)  # its tensors, reduced to figures once
         if probe is not None:
@@ -171,7 +171,7 @@ class RankSession:
                 refusals = [outcome["unavailable"] for outcome in outcomes.values() if "unavailable" in outcome]
                 queue = self._outputs.setdefault(job.key, {}).setdefault(call, collections.deque())
                 if refusals:
-                    queue.append(PathUnavailable(refusals[0]))
+                    queue.append(ImplementationUnavailable(refusals[0]))
                     continue
                 queue.extend({rank: outcomes[rank]["runs"][index] for rank in outcomes} for index in range(runs))
                 if all("probe" in outcome for outcome in outcomes.values()):
@@ -208,7 +208,7 @@ class MegatronPath:
     call: Call
     label: str
 
-    def run(self, inputs: CrossEntropyInputs) -> PathOutput:
+    def run(self, inputs: CrossEntropyInputs) -> ImplementationOutput:
         runs, probe = inputs.session.take(inputs, self.call)
         ranks = sorted(runs)
         loss = runs[ranks[0]]["loss"]
@@ -236,17 +236,17 @@ class MegatronPath:
         if self.call.mutation:
             backend = f"{backend} (mutated: {self.call.mutation})"
             details["mutation"] = self.call.mutation
-        return PathOutput(tensors=tensors, backend=backend, details=details)
+        return ImplementationOutput(tensors=tensors, backend=backend, details=details)
 
 
 @dataclass(frozen=True)
 class Fp64CrossEntropy:
     name: str = "fp64-cross-entropy"
 
-    def run(self, inputs: CrossEntropyInputs) -> PathOutput:
+    def run(self, inputs: CrossEntropyInputs) -> ImplementationOutput:
         loss, grads = vocab_parallel_cross_entropy(inputs.shards(), inputs.labels, inputs.upstream)
         tensors = {"loss": loss, **{f"grad_logits_rank{rank}": grad for rank, grad in enumerate(grads)}}
-        return PathOutput(tensors=tensors, backend=self.name)
+        return ImplementationOutput(tensors=tensors, backend=self.name)
 
 
 NATIVE = MegatronPath("megatron-fused-native", Call(FUSED, takes_group=True), "megatron-fused-native")

@@ -17,10 +17,11 @@ Split-K: mmaemu takes cuBLAS's split of K from a table recorded on the H100 or, 
 envelope; the smoke shapes' contractions (128 to 1,344) are mostly outside both and raise SplitKUnknownError.
 There the decision is the one mmaemu makes at the recipe's own shape of the same GEMM (every seed GEMM: S = 1,
 from the envelope, which mmaemu marks unvalidated for TE's 32 MiB workspace), passed explicitly and recorded with
-its source; a GEMM whose recipe shape splits, or is undecided too, is refused (PathUnavailable), never guessed.
+its source; a GEMM whose recipe shape splits, or is undecided too, is refused
+(ImplementationUnavailable), never guessed.
 
 This is the only module that imports mmaemu, and only when a GEMM runs: without it the Hopper GEMMs are
-unavailable (PathUnavailable: the case skips with the reason).
+unavailable (ImplementationUnavailable: the case skips with the reason).
 
 `python -m correctness.fp8.hopper` measures how far Hopper's accumulation moves each GEMM's error from the FP32
 stand-in's, at both seed recipes' smoke shapes (`accumulation_study`).
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.fp8.inputs import LinearInputs
 from correctness.fp8.paths import GEMM_KINDS
 from correctness.fp8.scaling import Fp8Config, Quantized
@@ -58,7 +59,8 @@ def import_mmaemu() -> Any:
     try:
         import mmaemu
     except ImportError as missing:
-        raise PathUnavailable(f"mmaemu is not installed, so the Hopper FP8 GEMMs cannot run: {missing}") from None
+        raise ImplementationUnavailable(
+            f"mmaemu is not installed, so the Hopper FP8 GEMMs cannot run: {missing}") from None
     return mmaemu
 
 
@@ -99,7 +101,7 @@ def _decide(mmaemu: Any, mnk: tuple[int, int, int], a: torch.dtype, b: torch.dty
 def split_decision(mmaemu: Any, smoke: tuple[int, int, int], recipe: tuple[int, int, int], a: torch.dtype,
                    b: torch.dtype, out: torch.dtype, fast: bool) -> tuple[tuple[int, str], dict[str, Any]]:
     """(splitk for mmaemu.scaled_mm, the decision as the record states it) of a GEMM of shape `smoke` whose
-    recipe shape is `recipe`; PathUnavailable where neither shape decides S = 1."""
+    recipe shape is `recipe`; ImplementationUnavailable where neither shape decides S = 1."""
     try:
         decision, said = _decide(mmaemu, smoke, a, b, out, fast)
         record = {"S": decision.S, "scheme": decision.scheme, "source": decision.source,
@@ -110,10 +112,11 @@ def split_decision(mmaemu: Any, smoke: tuple[int, int, int], recipe: tuple[int, 
     try:
         decision, said = _decide(mmaemu, recipe, a, b, out, fast)
     except mmaemu.SplitKUnknownError as unknown:
-        raise PathUnavailable(f"mmaemu cannot decide cuBLAS's split-K of this GEMM ({at_smoke}) nor at the recipe's "
+        raise ImplementationUnavailable(
+            f"mmaemu cannot decide cuBLAS's split-K of this GEMM ({at_smoke}) nor at the recipe's "
                               f"shape {recipe} ({str(unknown).split('. Ways out')[0]}): not guessed") from None
     if decision.S != 1:
-        raise PathUnavailable(f"{at_smoke}; at the recipe's shape {recipe} mmaemu splits K in {decision.S} "
+        raise ImplementationUnavailable(f"{at_smoke}; at the recipe's shape {recipe} mmaemu splits K in {decision.S} "
                               f"({decision.source}), which the smoke shape's K cannot reproduce: not guessed")
     record = {"S": 1, "scheme": "none", "source": "explicit", "verified": decision.verified,
               "note": f"splitk=1 passed explicitly: {at_smoke}; at the recipe's shape (M, N, K) = {recipe} mmaemu "

@@ -80,7 +80,7 @@ FLOOR_ROUNDINGS = (
     "y and dgrad to BF16, wgrad to FP32 (gradient accumulation fusion into main_grad) or BF16",
 )
 FLOOR = FormatFloor(format="FP8", roundings=FLOOR_ROUNDINGS,
-                    path=Fp64OnFp8Operands(name="fp8-format-floor", round_outputs=True))
+                    implementation=Fp64OnFp8Operands(name="fp8-format-floor", round_outputs=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,7 +295,8 @@ def fp8_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, 
              recipe_runs="candidate" if shape.recipe_trains_in_fp8 else "default")
         for shape in shapes for seed in SEEDS
     )
-    controls = tuple(Control(name=mistake, path=EmulatedFp8Linear(name=f"fp8-emulated ({mistake})", mistake=mistake))
+    controls = tuple(Control(name=mistake,
+                             implementation=EmulatedFp8Linear(name=f"fp8-emulated ({mistake})", mistake=mistake))
                      for mistake in MISTAKES)
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,

@@ -25,7 +25,7 @@ import torch
 
 from correctness.fp8.inputs import LinearInputs
 from correctness.fp8.scaling import Fp8Dtype, Quantized, fp8_gemm, quantize
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 from references.linear import linear_forward_backward
 
 # The negative controls: each must fail the format bound on every case.
@@ -160,7 +160,7 @@ class EmulatedFp8Linear:
     probe_scaled_mm: bool = False
     gemms: Any = None  # HopperTeGemms or None
 
-    def run(self, inputs: LinearInputs) -> PathOutput:
+    def run(self, inputs: LinearInputs) -> ImplementationOutput:
         started = time.perf_counter()
         operands = quantize_operands(inputs, self.mistake)
         dtypes = _out_dtypes(inputs)
@@ -193,7 +193,7 @@ class EmulatedFp8Linear:
         if self.mistake:
             backend = f"{backend} (mutated: {self.mistake})"
             details["mutation"] = self.mistake
-        return PathOutput(tensors=tensors, backend=backend, details=details)
+        return ImplementationOutput(tensors=tensors, backend=backend, details=details)
 
 
 @dataclass(frozen=True)
@@ -206,10 +206,10 @@ class Bf16Linear:
 
     name: str = "bf16"
 
-    def run(self, inputs: LinearInputs) -> PathOutput:
+    def run(self, inputs: LinearInputs) -> ImplementationOutput:
         x, w, dy = inputs.x, inputs.weight, inputs.grad_output
         wgrad = dy.t() @ x if inputs.wgrad_dtype == torch.bfloat16 else dy.t().float() @ x.float()
-        return PathOutput(tensors={"y": x @ w.t(), "dgrad": dy @ w, "wgrad": wgrad.to(inputs.wgrad_dtype)},
+        return ImplementationOutput(tensors={"y": x @ w.t(), "dgrad": dy @ w, "wgrad": wgrad.to(inputs.wgrad_dtype)},
                           backend=f"{self.name} (torch matmul, {x.device.type})")
 
 
@@ -217,9 +217,9 @@ class Bf16Linear:
 class Fp64Linear:
     name: str = "fp64-linear"
 
-    def run(self, inputs: LinearInputs) -> PathOutput:
+    def run(self, inputs: LinearInputs) -> ImplementationOutput:
         y, dgrad, wgrad = linear_forward_backward(inputs.x, inputs.weight, inputs.grad_output)
-        return PathOutput(tensors={"y": y, "dgrad": dgrad, "wgrad": wgrad}, backend=self.name)
+        return ImplementationOutput(tensors={"y": y, "dgrad": dgrad, "wgrad": wgrad}, backend=self.name)
 
 
 def recipe_operands(inputs: LinearInputs) -> Operands:
@@ -254,9 +254,9 @@ class Fp64OnFp8Operands:
     name: str = "fp64-on-fp8-operands"
     round_outputs: bool = False
 
-    def run(self, inputs: LinearInputs) -> PathOutput:
+    def run(self, inputs: LinearInputs) -> ImplementationOutput:
         tensors = dict(_fp64_on_recipe_operands(inputs))
         if self.round_outputs:
             dtypes = _out_dtypes(inputs)
             tensors = {name: t.to(dtypes[name]) for name, t in tensors.items()}
-        return PathOutput(tensors=tensors, backend=f"{self.name} ({inputs.config.id})")
+        return ImplementationOutput(tensors=tensors, backend=f"{self.name} ({inputs.config.id})")

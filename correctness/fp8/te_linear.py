@@ -7,7 +7,7 @@ amax_history_len) for `delayed` (Megatron's TEDelayedScaling also passes overrid
 for --no-fp8-wgrad, a field TE's DelayedScaling no longer has since TE 2.1; not modelled),
 Float8CurrentScaling for `tensorwise`, Float8BlockScaling for `blockwise`, MXFP8BlockScaling for
 `mxfp8`, each with that format. A recipe TE cannot run on this GPU (MXFP8 needs compute capability
-10.0; block scaling CUDA 12.9) is refused with TE's own reason (PathUnavailable: the case skips).
+10.0; block scaling CUDA 12.9) is refused with TE's own reason (ImplementationUnavailable: the case skips).
 
 One module per run, built fresh (so both candidate runs start from the same state): bias-free,
 BF16 parameters, the weight copied in; with gradient accumulation fusion (`wgrad_dtype` FP32) the
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.fp8.inputs import LinearInputs, LinearTensors
 from correctness.fp8.scaling import Fp8Config
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 
 
 def _transformer_engine() -> tuple[Any, str]:
@@ -34,7 +34,7 @@ def _transformer_engine() -> tuple[Any, str]:
         import transformer_engine
         import transformer_engine.pytorch as te
     except ImportError as missing:
-        raise PathUnavailable(f"Transformer Engine is not installed: {missing}") from None
+        raise ImplementationUnavailable(f"Transformer Engine is not installed: {missing}") from None
     return te, transformer_engine.__version__
 
 
@@ -66,14 +66,14 @@ class TeLinear:
     name: str
     fp8: bool
 
-    def run(self, inputs: LinearInputs) -> PathOutput:
+    def run(self, inputs: LinearInputs) -> ImplementationOutput:
         te, version = _transformer_engine()
         config = inputs.config
         recipe = None
         if self.fp8:
             supported, reason = _support(te, config)
             if not supported:
-                raise PathUnavailable(f"TE {version} refuses {config.id} on this GPU: {reason}")
+                raise ImplementationUnavailable(f"TE {version} refuses {config.id} on this GPU: {reason}")
             recipe = te_recipe(config)
         fused = inputs.wgrad_dtype == torch.float32
         out_features, in_features = inputs.weight.shape
@@ -87,7 +87,7 @@ class TeLinear:
                    "warm_up_iterations": len(iterations) - 1, "gradient_accumulation_fusion": fused,
                    "device": torch.cuda.get_device_name(inputs.x.device)}
         what = config.id if self.fp8 else "bf16"
-        return PathOutput(tensors={**outputs, "wgrad": wgrad},
+        return ImplementationOutput(tensors={**outputs, "wgrad": wgrad},
                           backend=f"{self.name} ({what})", details=details)
 
     @staticmethod

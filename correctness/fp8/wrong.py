@@ -38,6 +38,7 @@ def _block_scaled(case: Case) -> bool:
 
 WRONG_IMPLEMENTATIONS = (
     WrongImplementation(name=TRUNCATED_CAST, lever=NAME, build=_with_mistake(TRUNCATED_CAST)),
-    WrongImplementation(name=BLOCK_SCALE_TOWARD_SATURATION, lever=NAME, build=_with_mistake(BLOCK_SCALE_TOWARD_SATURATION),
-                        changes=_block_scaled, caught_on=_block_scaled),
+    WrongImplementation(name=BLOCK_SCALE_TOWARD_SATURATION, lever=NAME,
+                        build=_with_mistake(BLOCK_SCALE_TOWARD_SATURATION), changes=_block_scaled,
+                        caught_on=_block_scaled),
 )

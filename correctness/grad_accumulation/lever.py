@@ -45,7 +45,7 @@ from correctness.grad_accumulation.inputs import (
 from correctness.grad_accumulation.megatron_wgrad import DROPPED, STALE, MegatronWgrad, fused_extension
 from correctness.grad_accumulation.te_wgrad import TeWgrad
 from correctness.evidence import UPSTREAM, Evidence
-from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, PathOutput, Tier
+from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, ImplementationOutput, Tier
 from correctness.lever_spec import DATA_PARALLEL, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.recipes import Recipe, lever_recipe
@@ -76,7 +76,7 @@ class Fp64Accumulation:
             return "fp64-weight-gradient-sum"
         return f"fp64-weight-gradient-sum of {FORMAT_NAMES[self.wgrad_in]} microbatch gradients (format floor)"
 
-    def run(self, inputs: AccumulationInputs) -> PathOutput:
+    def run(self, inputs: AccumulationInputs) -> ImplementationOutput:
         shape, narrow = inputs.shape, self.wgrad_in
         microbatches = (inputs.microbatch(m) for m in range(shape.microbatches))
         rounding = None if narrow is None else partial(round_to_nearest, dtype=narrow)
@@ -84,7 +84,7 @@ class Fp64Accumulation:
         tensors = {tensor_name(count): sums[count] for count in shape.counts}
         if narrow is not None:
             tensors = {name: total.to(torch.float32) for name, total in tensors.items()}
-        return PathOutput(tensors=tensors, backend=self.name)
+        return ImplementationOutput(tensors=tensors, backend=self.name)
 
 
 def wgrad_floor(dtype: str) -> FormatFloor:
@@ -96,7 +96,7 @@ def wgrad_floor(dtype: str) -> FormatFloor:
         format=name,
         roundings=(f"each microbatch's weight gradient to {name} once (round to nearest even), as the unfused wgrad"
                    f" GEMM writes it, before it is added to the FP32 main_grad",),
-        path=Fp64Accumulation(wgrad_in=narrow),
+        implementation=Fp64Accumulation(wgrad_in=narrow),
     )
 
 
@@ -105,10 +105,10 @@ def _dropped_inapplicable(case: Case) -> str | None:
 
 
 CONTROLS = (
-    Control(name="one microbatch's gradient dropped", path=MegatronWgrad(fused=False, mutation=DROPPED),
+    Control(name="one microbatch's gradient dropped", implementation=MegatronWgrad(fused=False, mutation=DROPPED),
             why_inapplicable=_dropped_inapplicable),
-    Control(name="accumulated into a BF16 main_grad", path=MegatronWgrad(fused=False, buffer="bf16")),
-    Control(name="main_grad not zeroed before the step", path=MegatronWgrad(fused=False, mutation=STALE)),
+    Control(name="accumulated into a BF16 main_grad", implementation=MegatronWgrad(fused=False, buffer="bf16")),
+    Control(name="main_grad not zeroed before the step", implementation=MegatronWgrad(fused=False, mutation=STALE)),
 )
 
 
@@ -174,7 +174,7 @@ def accumulation_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Lever
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,
         candidate=candidate, default=default, reference=Fp64Accumulation(), controls=CONTROLS,
-        format_floor=floor, secondary_references=(floor.path,), summarize=summarize,
+        format_floor=floor, secondary_references=(floor.implementation,), summarize=summarize,
         cpu_threads=1,  # small GEMMs: a second thread on a shared 2-core host made every path 20-50x slower
     )
 

@@ -54,9 +54,9 @@ import torch
 
 from correctness.megatron.process_groups import TensorParallelSize
 from correctness.cpu_gemm import gemm_as_cublas
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.grad_accumulation.inputs import AccumulationInputs, tensor_name
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 from correctness.provenance import megatron_core_version
 from references.rounding import round_toward_zero
 
@@ -164,15 +164,17 @@ class MegatronWgrad:
     def name(self) -> str:
         return self.label if self.mutation is None else f"{self.label} ({self.mutation})"
 
-    def run(self, inputs: AccumulationInputs) -> PathOutput:
+    def run(self, inputs: AccumulationInputs) -> ImplementationOutput:
         try:
             from megatron.core.tensor_parallel.layers import linear_with_grad_accumulation_and_async_allreduce
         except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
         on_cpu = inputs.device.type == "cpu"
         extension = None if on_cpu else fused_extension()
         if self.fused and not on_cpu and extension is None:
-            raise PathUnavailable("apex's fused_weight_gradient_mlp_cuda is not installed: Megatron's fused wgrad"
+            raise ImplementationUnavailable(
+                "apex's fused_weight_gradient_mlp_cuda is not installed: Megatron's fused wgrad"
                                   " branch cannot run on this GPU")
         clock = time.perf_counter()
         with wgrad_on_cpu() if on_cpu else contextlib.nullcontext():
@@ -199,7 +201,7 @@ class MegatronWgrad:
             details["mutation"] = self.mutation
             if dropped is not None:
                 details["dropped_microbatch"] = dropped
-        return PathOutput(tensors=tensors, backend=backend, details=details)
+        return ImplementationOutput(tensors=tensors, backend=backend, details=details)
 
     def _accumulate(self, inputs: AccumulationInputs, linear) -> tuple[dict[str, torch.Tensor], int | None]:
         shape = inputs.shape

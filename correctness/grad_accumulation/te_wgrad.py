@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from correctness.errors import PathUnavailable
+from correctness.errors import ImplementationUnavailable
 from correctness.grad_accumulation.inputs import DTYPES, AccumulationInputs, tensor_name
 from correctness.grad_accumulation.megatron_wgrad import check_hook_ran, register_ddp_hook
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,15 @@ class TeWgrad:
     def name(self) -> str:
         return f"te-linear-wgrad-{'fused' if self.fused else 'unfused'}-fp32-main-grad"
 
-    def run(self, inputs: AccumulationInputs) -> PathOutput:
+    def run(self, inputs: AccumulationInputs) -> ImplementationOutput:
         if inputs.device.type != "cuda":
-            raise PathUnavailable("Transformer Engine's Linear runs on a CUDA GPU only")
+            raise ImplementationUnavailable("Transformer Engine's Linear runs on a CUDA GPU only")
         try:
             import transformer_engine
             import transformer_engine.pytorch as te
         except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise PathUnavailable(f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
         shape = inputs.shape
         clock = time.perf_counter()
         linear = te.Linear(shape.cols, shape.rows, bias=False, params_dtype=DTYPES[shape.dtype], device=inputs.device,
@@ -67,4 +68,4 @@ class TeWgrad:
             "seconds": time.perf_counter() - clock,
             "shims": ["DDP state stand-in for its hook"],
         }
-        return PathOutput(tensors=tensors, backend=self.name, details=details)
+        return ImplementationOutput(tensors=tensors, backend=self.name, details=details)

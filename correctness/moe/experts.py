@@ -33,8 +33,8 @@ from unittest import mock
 
 import torch
 
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 from correctness.models import ModelFacts
 from correctness.moe.routing import seeded_routing
 from correctness.moe.shapes import MoeShape
@@ -111,10 +111,10 @@ class TorchGroupedMM:
 
     name: str = "torch-grouped-mm"
 
-    def run(self, inputs: ExpertsInputs) -> PathOutput:
+    def run(self, inputs: ExpertsInputs) -> ImplementationOutput:
         grouped_mm = getattr(torch.nn.functional, "grouped_mm", None)
         if grouped_mm is None:
-            raise PathUnavailable(f"torch {torch.__version__} has no torch.nn.functional.grouped_mm")
+            raise ImplementationUnavailable(f"torch {torch.__version__} has no torch.nn.functional.grouped_mm")
         shape = inputs.shape
         rows, probs, w1, w2 = (t.detach().clone().requires_grad_() for t in (inputs.rows, inputs.probs, inputs.w1, inputs.w2))
         offsets = torch.tensor(inputs.counts, device=rows.device).cumsum(0).to(torch.int32)
@@ -122,12 +122,13 @@ class TorchGroupedMM:
             fc1 = grouped_mm(rows, w1.transpose(1, 2), offs=offsets)
         except RuntimeError as error:
             if "Expected" in str(error) or "not supported" in str(error).lower():
-                raise PathUnavailable(f"torch grouped_mm refuses {rows.dtype} on {rows.device}: {error}") from None
+                raise ImplementationUnavailable(
+                    f"torch grouped_mm refuses {rows.dtype} on {rows.device}: {error}") from None
             raise
         hidden = activation_times_probs(fc1, probs, shape, eager_activation(shape))
         out = grouped_mm(hidden, w2.transpose(1, 2), offs=offsets)
         out.backward(inputs.grad_out)
-        return PathOutput(
+        return ImplementationOutput(
             tensors=_outputs(out, rows, probs, w1.grad, w2.grad), backend=self.name,
             details={"function": "torch.nn.functional.grouped_mm", "torch": torch.__version__,
                      "counts": list(inputs.counts), "device": str(rows.device)},
@@ -176,14 +177,15 @@ class MegatronSequentialMLP:
 
     name: str = "megatron-sequential-mlp"
 
-    def run(self, inputs: ExpertsInputs) -> PathOutput:
+    def run(self, inputs: ExpertsInputs) -> ImplementationOutput:
         try:
             from megatron.core.process_groups_config import ProcessGroupCollection
             from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
             from megatron.core.transformer.mlp import MLPSubmodules
             from megatron.core.transformer.moe.experts import SequentialMLP
         except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
         shape = inputs.shape
         local = len(inputs.counts)
         group = SingleRankGroup()
@@ -204,7 +206,7 @@ class MegatronSequentialMLP:
         def grad(parameter):
             return torch.zeros_like(parameter) if parameter.grad is None else parameter.grad
 
-        return PathOutput(
+        return ImplementationOutput(
             tensors=_outputs(out, rows, probs, [grad(m.linear_fc1.weight) for m in module.local_experts],
                              [grad(m.linear_fc2.weight) for m in module.local_experts]),
             backend=self.name,
@@ -220,14 +222,15 @@ class TeGroupedLinear:
 
     name: str = "te-grouped-linear"
 
-    def run(self, inputs: ExpertsInputs) -> PathOutput:
+    def run(self, inputs: ExpertsInputs) -> ImplementationOutput:
         try:
             import transformer_engine
             from transformer_engine.pytorch import GroupedLinear
         except Exception as error:  # noqa: BLE001
-            raise PathUnavailable(f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
         if inputs.rows.device.type != "cuda":
-            raise PathUnavailable("TE's GroupedLinear runs on CUDA only")
+            raise ImplementationUnavailable("TE's GroupedLinear runs on CUDA only")
         shape = inputs.shape
         local, device = len(inputs.counts), inputs.rows.device
 
@@ -250,7 +253,7 @@ class TeGroupedLinear:
             weight = getattr(layer, f"weight{expert}")
             return torch.zeros_like(weight) if weight.grad is None else weight.grad
 
-        return PathOutput(
+        return ImplementationOutput(
             tensors=_outputs(out, rows, probs, [grad(fc1, e) for e in range(local)], [grad(fc2, e) for e in range(local)]),
             backend=self.name,
             details={"module": "transformer_engine.pytorch.GroupedLinear",
@@ -262,10 +265,10 @@ class TeGroupedLinear:
 class Fp64Experts:
     name: str = "fp64-experts"
 
-    def run(self, inputs: ExpertsInputs) -> PathOutput:
+    def run(self, inputs: ExpertsInputs) -> ImplementationOutput:
         tensors = experts_mlp_with_grads(inputs.rows, list(inputs.counts), inputs.w1, inputs.w2, inputs.probs,
                                          inputs.grad_out, inputs.shape.activation)
-        return PathOutput(tensors=tensors, backend=self.name)
+        return ImplementationOutput(tensors=tensors, backend=self.name)
 
 
 # Deliberately wrong inputs for the negative controls (correctness.lever.Mutated).

@@ -69,12 +69,15 @@ def grouped_gemm_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Lever
     )
     controls = (
         Control(name="a token counted in its neighbour expert",
-                path=Mutated(base=candidate, mutation="a token in the neighbour expert", mutate=experts.token_to_neighbour)),
+                implementation=Mutated(base=candidate, mutation="a token in the neighbour expert",
+                                       mutate=experts.token_to_neighbour)),
         Control(name="two experts' weights swapped",
-                path=Mutated(base=candidate, mutation="two experts' weights swapped", mutate=experts.weights_swapped)),
-        Control(name="a token dropped", path=Mutated(base=candidate, mutation="a token dropped", mutate=experts.token_dropped)),
+                implementation=Mutated(base=candidate, mutation="two experts' weights swapped",
+                                       mutate=experts.weights_swapped)),
+        Control(name="a token dropped",
+                implementation=Mutated(base=candidate, mutation="a token dropped", mutate=experts.token_dropped)),
         Control(name="routing weights not applied",
-                path=Mutated(base=candidate, mutation="routing weights 1", mutate=experts.probs_not_applied)),
+                implementation=Mutated(base=candidate, mutation="routing weights 1", mutate=experts.probs_not_applied)),
     )
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,

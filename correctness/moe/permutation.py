@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 from correctness.models import ModelFacts
 from correctness.moe.routing import seeded_routing
 from correctness.moe.shapes import MoeShape
@@ -78,13 +78,15 @@ class MegatronPermutation:
     def name(self) -> str:
         return "megatron-permute-te-fused" if self.fused else "megatron-permute-torch"
 
-    def run(self, inputs: PermuteInputs) -> PathOutput:
+    def run(self, inputs: PermuteInputs) -> ImplementationOutput:
         try:
             from megatron.core.transformer.moe import moe_utils
         except Exception as error:  # noqa: BLE001
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
         if self.fused and not moe_utils.HAVE_TE:
-            raise PathUnavailable("megatron-core found no Transformer Engine: its fused permute is not available")
+            raise ImplementationUnavailable(
+                "megatron-core found no Transformer Engine: its fused permute is not available")
         routing_map, rows = inputs.routing_map, inputs.grad_permuted.shape[0]
         tokens, probs = (t.detach().clone().requires_grad_() for t in (inputs.tokens, inputs.probs))
         permuted, permuted_probs, mapping = moe_utils.permute(tokens, routing_map, probs=probs, num_out_tokens=rows,
@@ -106,7 +108,7 @@ class MegatronPermutation:
         }
         from correctness.provenance import megatron_core_version
 
-        return PathOutput(tensors=tensors, backend=self.name,
+        return ImplementationOutput(tensors=tensors, backend=self.name,
                           details={"functions": "megatron.core.transformer.moe.moe_utils.permute / unpermute",
                                    "fused": self.fused, "megatron_core": megatron_core_version()})
 
@@ -117,7 +119,7 @@ class IndexPermutation:
 
     name: str = "torch-index-permute"
 
-    def run(self, inputs: PermuteInputs) -> PathOutput:
+    def run(self, inputs: PermuteInputs) -> ImplementationOutput:
         dtype, routing_map = inputs.tokens.dtype, inputs.routing_map
         pairs = routing_map.nonzero()  # (token, expert), token-major as a top-k index map
         order = torch.sort(pairs[:, 1], stable=True).indices  # grouped by expert, tokens in order
@@ -142,7 +144,7 @@ class IndexPermutation:
             "grad_rows_weighted": (grad_gathered * weight.to(accumulate).unsqueeze(-1)).to(dtype),
             "grad_merging_probs": grad_merging,
         }
-        return PathOutput(tensors=tensors, backend=self.name,
+        return ImplementationOutput(tensors=tensors, backend=self.name,
                           details={"stands_in_for": "TE moe_permute_with_probs / moe_unpermute (FP32 accumulation)"})
 
 
@@ -150,7 +152,7 @@ class IndexPermutation:
 class Fp64Permutation:
     name: str = "fp64-permutation"
 
-    def run(self, inputs: PermuteInputs) -> PathOutput:
+    def run(self, inputs: PermuteInputs) -> ImplementationOutput:
         routing_map = inputs.routing_map.cpu()
         permuted, permuted_probs = reference.permute(inputs.tokens.cpu(), routing_map, inputs.probs.cpu())
         grad_tokens, grad_probs = reference.permute_grads(inputs.grad_permuted.cpu(), inputs.grad_permuted_probs.cpu(),
@@ -165,7 +167,8 @@ class Fp64Permutation:
             "combined_weighted": reference.unpermute(rows, routing_map, inputs.probs.cpu()),
             "grad_rows_weighted": grad_rows_weighted, "grad_merging_probs": grad_merging,
         }
-        return PathOutput(tensors={k: v.to(inputs.tokens.device) for k, v in tensors.items()}, backend=self.name)
+        return ImplementationOutput(
+            tensors={k: v.to(inputs.tokens.device) for k, v in tensors.items()}, backend=self.name)
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ class Judged:
     def name(self) -> str:
         return self.path.name
 
-    def run(self, inputs: PermuteInputs) -> PathOutput:
+    def run(self, inputs: PermuteInputs) -> ImplementationOutput:
         output = self.path.run(inputs)
         return replace(output, tensors={name: output.tensors[name] for name in self.tensors})
 

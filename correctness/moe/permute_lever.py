@@ -82,7 +82,7 @@ def _lever(recipe: Recipe, name: str, judged: tuple[str, ...], *, tier: Tier, sc
         for seed in SEEDS
     )
     judged_candidate = permutation.Judged(candidate, judged)
-    controls = tuple(Control(name=label, path=Mutated(base=judged_candidate, mutation=label, mutate=mutate))
+    controls = tuple(Control(name=label, implementation=Mutated(base=judged_candidate, mutation=label, mutate=mutate))
                      for label, mutate in MUTATIONS)
     exact = name == EXACT_NAME
     return Lever(

@@ -215,9 +215,9 @@ def offload_lever(
         cases=offload_cases(setting, options, whole=candidate.whole), candidate=candidate.path,
         default=join(TorchAdamW()), reference=join(Fp64AdamW()),
         controls=(
-            Control(name="no bias correction", path=candidate.no_bias_correction),
-            Control(name="BF16 masters", path=candidate.bf16_masters),
-            Control(name="no clipping", path=Mutated(
+            Control(name="no bias correction", implementation=candidate.no_bias_correction),
+            Control(name="BF16 masters", implementation=candidate.bf16_masters),
+            Control(name="no clipping", implementation=Mutated(
                 base=candidate.path, mutation="gradients not clipped",
                 mutate=_unclipped_whole if candidate.whole else unclipped,
             )),

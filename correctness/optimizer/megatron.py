@@ -28,8 +28,8 @@ import torch
 from correctness.adam.arithmetic import clipped, outputs
 from correctness.adam.inputs import OptimizerUnit
 from correctness.adam.split import CPU, GPU, offload_orders, offload_split
-from correctness.errors import CorrectnessError, PathUnavailable
-from correctness.lever import Implementation, PathOutput
+from correctness.errors import CorrectnessError, ImplementationUnavailable
+from correctness.lever import Implementation, ImplementationOutput
 from correctness.megatron.layout import ParamSlice
 from correctness.optimizer.megatron_on_cpu import CpuFusedAdam, megatron_on_cpu, plain, reports_cuda
 from correctness.provenance import package_version
@@ -57,7 +57,7 @@ class AllUnits:
     def name(self) -> str:
         return self.path.name
 
-    def run(self, inputs: WholeInventory) -> PathOutput:
+    def run(self, inputs: WholeInventory) -> ImplementationOutput:
         pieces: dict[str, list[torch.Tensor]] = {}
         backends: dict[str, None] = {}
         details: dict[str, Any] = {}
@@ -67,7 +67,7 @@ class AllUnits:
             details = {**output.details, **details}
             for name, tensor in output.tensors.items():
                 pieces.setdefault(name, []).append(tensor)
-        return PathOutput(
+        return ImplementationOutput(
             tensors={name: torch.cat(parts) for name, parts in pieces.items()},
             backend=" | ".join(backends),
             details=details,
@@ -87,7 +87,7 @@ def hybrid_optimizer_class():
     try:
         from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
     except Exception as error:  # megatron-core missing, or failing to import for another reason
-        raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+        raise ImplementationUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
     return HybridDeviceOptimizer
 
 
@@ -148,9 +148,11 @@ def _gpu_optimizer(device: str) -> tuple[type, dict[str, Any]]:
         import transformer_engine
         from transformer_engine.pytorch.optimizers import FusedAdam
     except Exception as error:  # TE raises RuntimeError, OSError... where unusable
-        raise PathUnavailable(f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
+        raise ImplementationUnavailable(
+            f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
     if not torch.cuda.is_available():
-        raise PathUnavailable("Megatron's HybridDeviceOptimizer with TE FusedAdam needs a CUDA device; none here")
+        raise ImplementationUnavailable(
+            "Megatron's HybridDeviceOptimizer with TE FusedAdam needs a CUDA device; none here")
     return FusedAdam, {"transformer_engine": transformer_engine.__version__}
 
 
@@ -179,8 +181,8 @@ class MegatronHybrid:
     def name(self) -> str:
         return f"megatron-hybrid-{self.fraction:g}"
 
-    def run(self, inputs: WholeInventory) -> PathOutput:
-        hybrid_optimizer_class()  # PathUnavailable without megatron-core
+    def run(self, inputs: WholeInventory) -> ImplementationOutput:
+        hybrid_optimizer_class()  # ImplementationUnavailable without megatron-core
         gpu_optimizer_cls, versions = _gpu_optimizer(self.device)
         by_param: dict[str, list[OptimizerUnit]] = {}
         for unit in inputs.units:
@@ -239,7 +241,7 @@ class MegatronHybrid:
                 f"Megatron's split differs from the modelled one at fraction {self.fraction}: {differ}"
             )
         gpu_share = "CpuFusedAdam, TE FusedAdam's arithmetic on the CPU" if on_cpu else "TE FusedAdam (cuda)"
-        return PathOutput(
+        return ImplementationOutput(
             tensors=tensors,
             backend=f"Megatron HybridDeviceOptimizer (cpu share: torch AdamW fused; gpu share: {gpu_share})",
             details={

@@ -14,8 +14,8 @@ import torch
 
 from correctness.adam.arithmetic import clipped, fused_adam_arithmetic, outputs
 from correctness.adam.inputs import OptimizerUnit
-from correctness.errors import PathUnavailable
-from correctness.lever import Implementation, PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import Implementation, ImplementationOutput
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class TorchAdamW:
     name: str = "torch-adamw-fused"
     fused: bool = True
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         master0 = unit.weights.float()
         master = master0.clone().requires_grad_()
         hyper = unit.config.hyperparameters(unit.first_iteration, unit.weight_decay_multiplier)
@@ -39,7 +39,7 @@ class TorchAdamW:
             optimizer.step()
         state = optimizer.state[master]
         kernel = "fused" if self.fused else "foreach"
-        return PathOutput(
+        return ImplementationOutput(
             tensors=outputs(unit, master0, master.detach(), state["exp_avg"], state["exp_avg_sq"]),
             backend=f"torch.optim.AdamW ({kernel}, cpu)",
             details={"torch": torch.__version__},
@@ -57,7 +57,7 @@ class EagerAdamW:
     bias_correction: bool = True
     master: torch.dtype = torch.float32
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         master0 = unit.weights.to(self.master)
         p = master0.float()
         m = torch.zeros_like(p)
@@ -69,7 +69,7 @@ class EagerAdamW:
             )
             p = p.to(self.master).float()
         master = p.to(self.master).float() if self.master != torch.float32 else p
-        return PathOutput(
+        return ImplementationOutput(
             tensors=outputs(unit, master0.float(), master, m, v),
             backend=f"eager AdamW (fp32 math, {str(self.master).removeprefix('torch.')} master"
             + ("" if self.bias_correction else ", no bias correction") + ")",
@@ -85,14 +85,15 @@ class TeFusedAdam:
     bias_correction: bool = True
     master: torch.dtype = torch.float32
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         try:
             from transformer_engine.pytorch.optimizers import FusedAdam
             import transformer_engine
         except Exception as error:  # TE raises RuntimeError, OSError... where unusable
-            raise PathUnavailable(f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"Transformer Engine is not usable here: {type(error).__name__}: {error}") from None
         if not torch.cuda.is_available():
-            raise PathUnavailable("TE FusedAdam needs a CUDA device; none is available")
+            raise ImplementationUnavailable("TE FusedAdam needs a CUDA device; none is available")
         master0 = unit.weights.to("cuda").to(self.master)
         master = master0.clone().requires_grad_()
         hyper = unit.config.hyperparameters(unit.first_iteration, unit.weight_decay_multiplier)
@@ -106,7 +107,7 @@ class TeFusedAdam:
             optimizer.step()
         state = optimizer.state[master]
         tensors = outputs(unit, master0.float(), master.detach().float(), state["exp_avg"], state["exp_avg_sq"])
-        return PathOutput(
+        return ImplementationOutput(
             tensors={name: tensor.cpu() for name, tensor in tensors.items()},
             backend="TE FusedAdam (cuda)",
             details={"transformer_engine": transformer_engine.__version__},
@@ -126,8 +127,9 @@ class OffloadSplit:
     def name(self) -> str:
         return f"offload-{self.fraction:g}"
 
-    def run(self, unit: OptimizerUnit) -> PathOutput:
+    def run(self, unit: OptimizerUnit) -> ImplementationOutput:
         share = self.shares[unit.param.name]
         output = (self.cpu if share == "cpu" else self.device).run(unit)
-        return PathOutput(tensors=output.tensors, backend=f"{share} share: {output.backend}", details=output.details)
+        return ImplementationOutput(
+            tensors=output.tensors, backend=f"{share} share: {output.backend}", details=output.details)
 

@@ -113,13 +113,16 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
         return Mutated(base=candidate, mutation=what, mutate=mutate)
 
     return (
-        Control(name="positions off by one", path=mutated("frequencies one position later", _shifted)),
-        Control(name="rotary fraction ignored", path=mutated("whole head rotated", _whole_head),
+        Control(name="positions off by one", implementation=mutated("frequencies one position later", _shifted)),
+        Control(name="rotary fraction ignored", implementation=mutated("whole head rotated", _whole_head),
                 why_inapplicable=_needs_fraction),
-        Control(name="other pairing", path=mutated("adjacent dims paired where the model pairs halves, or the reverse",
+        Control(name="other pairing",
+                implementation=mutated("adjacent dims paired where the model pairs halves, or the reverse",
                                                    _other_pairing)),
-        Control(name="angles in BF16", path=mutated("frequencies rounded to BF16 before cos and sin", _bf16_angles)),
-        Control(name="positions run across packed rows", path=mutated("packed rows rotated as one row", _one_row),
+        Control(name="angles in BF16",
+                implementation=mutated("frequencies rounded to BF16 before cos and sin", _bf16_angles)),
+        Control(name="positions run across packed rows",
+                implementation=mutated("packed rows rotated as one row", _one_row),
                 why_inapplicable=_needs_rows),
     )
 

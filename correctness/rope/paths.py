@@ -25,8 +25,8 @@ from unittest import mock
 
 import torch
 
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 from correctness.provenance import megatron_core_version
 from correctness.rope.shapes import RopeShape
 from references.rope import rope_angles, rope_backward, rope_forward
@@ -162,21 +162,23 @@ class MegatronRope:
                 apply_rope_fusion=self.fused, rotary_interleaved=shape.interleaved,
             )
 
-    def run(self, inputs: RopeInputs) -> PathOutput:
+    def run(self, inputs: RopeInputs) -> ImplementationOutput:
         try:
             from megatron.core.models.common.embeddings import rope_utils
         except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+            raise ImplementationUnavailable(
+                f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
         if self.fused and inputs.q.device.type != "cuda":
-            raise PathUnavailable("TE's fused RoPE is a CUDA kernel; these inputs are on the CPU")
+            raise ImplementationUnavailable("TE's fused RoPE is a CUDA kernel; these inputs are on the CPU")
         try:
             config = self.config(inputs.shape)
         except ValueError as error:
             if self.fused and "apply_rope_fusion is not available" in str(error):
-                raise PathUnavailable(f"Megatron refuses RoPE fusion here: {error}") from None
+                raise ImplementationUnavailable(f"Megatron refuses RoPE fusion here: {error}") from None
             raise
         if self.fused and rope_utils.fused_apply_rotary_pos_emb is None:
-            raise PathUnavailable("megatron-core found no TE fused_apply_rotary_pos_emb (Transformer Engine missing)")
+            raise ImplementationUnavailable(
+                "megatron-core found no TE fused_apply_rotary_pos_emb (Transformer Engine missing)")
         q, k = (x.detach().requires_grad_() for x in (inputs.q, inputs.k))
         rotated = [rope_utils.apply_rotary_pos_emb(x, inputs.freqs, config, cu_seqlens=inputs.cu_seqlens,
                                                    cp_group=ContextParallelOne()) for x in (q, k)]
@@ -190,7 +192,8 @@ class MegatronRope:
         }
         if self.fused:
             details["transformer_engine"] = te_version()
-        return PathOutput(tensors=outputs(inputs.shape, rotated[0].detach(), rotated[1].detach(), q.grad, k.grad),
+        return ImplementationOutput(
+            tensors=outputs(inputs.shape, rotated[0].detach(), rotated[1].detach(), q.grad, k.grad),
                           backend="te-fused-rope" if self.fused else "megatron-unfused-rope", details=details)
 
 
@@ -231,7 +234,7 @@ class FusedRopeArithmetic:
 
     name: str = "te217-fused-rope-arithmetic"
 
-    def run(self, inputs: RopeInputs) -> PathOutput:
+    def run(self, inputs: RopeInputs) -> ImplementationOutput:
         shape = inputs.shape
         freqs = inputs.freqs.float()[inputs.freq_rows()]  # [tokens, 1, 1, r]
         if shape.qkv_format == "thd":
@@ -245,7 +248,7 @@ class FusedRopeArithmetic:
 
         q, k = kernel(inputs.q, False), kernel(inputs.k, False)
         dq, dk = kernel(inputs.grad_q, True), kernel(inputs.grad_k, True)
-        return PathOutput(tensors=outputs(shape, q, k, dq, dk), backend=self.name, details={
+        return ImplementationOutput(tensors=outputs(shape, q, k, dq, dk), backend=self.name, details={
             "stands_in_for": "TE 2.17 FusedRoPEFunc (transformer_engine/common/fused_rope/fused_rope.cu)",
             "arithmetic": "FP32 cos/sin of the FP32 frequencies, FP32 rotation, one rounding to the inputs' dtype",
         })
@@ -270,9 +273,10 @@ class TeUnfusedRope:
         computed = "" if self.compute is None else f"-in-{str(self.compute).removeprefix('torch.')}"
         return f"te217-unfused-rope{computed}"
 
-    def run(self, inputs: RopeInputs) -> PathOutput:
+    def run(self, inputs: RopeInputs) -> ImplementationOutput:
         if inputs.q.device.type != "cpu":
-            raise PathUnavailable("TE's unfused RoPE runs here through correctness.te_on_cpu, on CPU tensors only")
+            raise ImplementationUnavailable(
+                "TE's unfused RoPE runs here through correctness.te_on_cpu, on CPU tensors only")
         from correctness.te_on_cpu import provenance, te_on_cpu
 
         shape = inputs.shape
@@ -286,7 +290,8 @@ class TeUnfusedRope:
                                             fused=False, cu_seqlens=inputs.cu_seqlens) for x in (q, k)]
             torch.autograd.backward(rotated, [g.to(computed) for g in (inputs.grad_q, inputs.grad_k)])
         results = (rotated[0].detach(), rotated[1].detach(), q.grad, k.grad)
-        return PathOutput(tensors=outputs(shape, *(x.to(given) for x in results)), backend=self.name, details={
+        return ImplementationOutput(
+            tensors=outputs(shape, *(x.to(given) for x in results)), backend=self.name, details={
             "function": "transformer_engine.pytorch.attention.rope.apply_rotary_pos_emb (fused=False)",
             "tensor_format": tensor_format, "computed_in": str(computed), **provenance(),
         })
@@ -316,8 +321,9 @@ class Fp64Rope:
 
     name: str = "fp64-rope"
 
-    def run(self, inputs: RopeInputs) -> PathOutput:
-        return PathOutput(tensors=_reference_outputs(inputs, _pair_angles(inputs).double()), backend=self.name)
+    def run(self, inputs: RopeInputs) -> ImplementationOutput:
+        return ImplementationOutput(
+            tensors=_reference_outputs(inputs, _pair_angles(inputs).double()), backend=self.name)
 
 
 @dataclass(frozen=True)
@@ -328,10 +334,11 @@ class FormulaRope:
 
     name: str = "fp64-rope-formula-angles"
 
-    def run(self, inputs: RopeInputs) -> PathOutput:
+    def run(self, inputs: RopeInputs) -> ImplementationOutput:
         shape = inputs.shape
         if not shape.formula_angles:
-            raise PathUnavailable("RoPE scaling or interpolation: Megatron's frequencies are not the plain formula's")
+            raise ImplementationUnavailable(
+                "RoPE scaling or interpolation: Megatron's frequencies are not the plain formula's")
         positions = inputs.freq_rows() + shape.first_position
         angles = rope_angles(positions, shape.rotary_dims, shape.rotary_base)
-        return PathOutput(tensors=_reference_outputs(inputs, angles), backend=self.name)
+        return ImplementationOutput(tensors=_reference_outputs(inputs, angles), backend=self.name)

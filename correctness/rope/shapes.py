@@ -2,7 +2,7 @@
 rank's query and key heads and head dim (correctness.heads.rank_heads, the derivation the
 attention lever's shapes use too), the kind's rotary base and fraction, the recipe's RoPE
 arguments, precision and token layout (BSHD rows, or THD: the recipe's rows packed with cumulative
-lengths, as correctness/attention/packing.py packs them).
+lengths, as correctness/attention/thd_packing_lever.py packs them).
 
 At the recipe scale a case is the recipe's microbatch: its rows of `row_tokens` positions from 0,
 the rank's heads. The smoke scale (CPU) keeps one key-value group and SMOKE_POSITIONS positions

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from correctness.lever import FormatFloor, PathOutput
+from correctness.lever import FormatFloor, ImplementationOutput
 from correctness.router.inputs import RouterInputs
 
 FORMAT_NAMES = {torch.bfloat16: "BF16", torch.float16: "FP16"}
@@ -53,7 +53,7 @@ class Fp64Routing:
     def name(self) -> str:
         return "fp64-routing" if self.logits_in is None else f"fp64-routing from {FORMAT_NAMES[self.logits_in]} logits"
 
-    def run(self, inputs: RouterInputs) -> PathOutput:
+    def run(self, inputs: RouterInputs) -> ImplementationOutput:
         narrow = self.logits_in
         routed = inputs.reference if narrow is None else inputs.routed(round_logits=lambda logits: logits.to(narrow),
                                                                       round_scores=lambda scores: scores.to(narrow))
@@ -63,10 +63,10 @@ class Fp64Routing:
         }
         if narrow is not None:
             tensors = {name: tensor.to(narrow).to(self.judged_dtype) for name, tensor in tensors.items()}
-        return PathOutput(tensors=tensors, backend=self.name)
+        return ImplementationOutput(tensors=tensors, backend=self.name)
 
 
 def logits_floor(logits_in: torch.dtype, judged_dtype: torch.dtype) -> FormatFloor:
     """The format floor of a candidate whose router logits (and so its outputs) are in `logits_in`."""
     name = FORMAT_NAMES[logits_in]
-    return FormatFloor(format=name, roundings=roundings(name), path=Fp64Routing(logits_in, judged_dtype))
+    return FormatFloor(format=name, roundings=roundings(name), implementation=Fp64Routing(logits_in, judged_dtype))

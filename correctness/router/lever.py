@@ -94,17 +94,18 @@ def controls(candidate: MegatronRouter) -> tuple[Control, ...]:
         return lambda case: None if present(case.shape) else f"the recipe's router has no {what}"
 
     return (
-        Control(name="expert bias ignored in the choice", path=replace(candidate, mutation="expert bias ignored"),
+        Control(name="expert bias ignored in the choice",
+                implementation=replace(candidate, mutation="expert bias ignored"),
                 why_inapplicable=needs("expert bias", lambda s: s.expert_bias)),
-        Control(name="top-k one less", path=replace(candidate, mutation="top-k - 1"),
+        Control(name="top-k one less", implementation=replace(candidate, mutation="top-k - 1"),
                 why_inapplicable=lambda case: top_k_one_less_inapplicable(case.shape)),
-        Control(name="scaling factor left out", path=replace(candidate, mutation="scaling factor left out"),
+        Control(name="scaling factor left out", implementation=replace(candidate, mutation="scaling factor left out"),
                 why_inapplicable=needs("scaling factor", lambda s: s.scaling_factor not in (None, 1.0))),
         Control(name="weights not normalised over the chosen experts",
-                path=replace(candidate, mutation="weights not normalised"),
+                implementation=replace(candidate, mutation="weights not normalised"),
                 why_inapplicable=needs("normalisation (top-1 sigmoid)",
                                        lambda s: s.top_k > 1 or s.score_function == "softmax")),
-        Control(name="score function swapped", path=replace(candidate, mutation="score function swapped")),
+        Control(name="score function swapped", implementation=replace(candidate, mutation="score function swapped")),
     )
 
 

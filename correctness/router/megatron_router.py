@@ -57,7 +57,7 @@ import torch
 from correctness.megatron.process_groups import TensorParallelSize
 from correctness.cpu_gemm import gemm_as_cublas
 from correctness.errors import require_megatron_core
-from correctness.lever import PathOutput
+from correctness.lever import ImplementationOutput
 from correctness.provenance import megatron_core_version
 from references.rounding import round_toward_zero
 
@@ -200,7 +200,7 @@ class MegatronRouter:
             router.local_tokens_per_expert.data = router.local_tokens_per_expert.data.to(device)
         return router.train()
 
-    def run(self, inputs) -> PathOutput:
+    def run(self, inputs) -> ImplementationOutput:
         require_megatron_core()
         on_cpu = inputs.hidden.device.type == "cpu"
         clock = time.perf_counter()
@@ -238,7 +238,7 @@ class MegatronRouter:
         backend = self.name.replace(f" ({self.mutation})", "") if self.mutation else self.name
         if self.mutation:
             backend, details["mutation"] = f"{backend} (mutated: {self.mutation})", self.mutation
-        return PathOutput(
+        return ImplementationOutput(
             tensors={name: tensor.to(self.judged_dtype) for name, tensor in (
                 ("logits", logits),
                 ("combination_weights", probs.detach()),

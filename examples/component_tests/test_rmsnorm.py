@@ -6,7 +6,7 @@ from functools import partial
 
 import torch
 
-from correctness import Case, Control, Lever, LeverOptions, LeverSpec, Mutated, PathOutput, TierTest
+from correctness import Case, Control, Lever, LeverOptions, LeverSpec, Mutated, ImplementationOutput, TierTest
 from correctness.evidence import UPSTREAM, Evidence
 from correctness.models import facts_for
 from correctness.recipes import lever_recipe
@@ -38,23 +38,23 @@ class Eager:
     dtype: torch.dtype | None = None
     over: tuple[int, ...] = (-1,)
 
-    def run(self, inputs: Inputs) -> PathOutput:
+    def run(self, inputs: Inputs) -> ImplementationOutput:
         x, gain, grad = (t.detach().to(self.dtype or t.dtype) for t in (inputs.x, inputs.gain, inputs.grad))
         x.requires_grad_(), gain.requires_grad_()
         y = rms_norm(x, gain, self.over)
         y.backward(grad)
-        return PathOutput(tensors={"y": y.detach(), "dx": x.grad, "dgain": gain.grad}, backend=self.name)
+        return ImplementationOutput(tensors={"y": y.detach(), "dx": x.grad, "dgain": gain.grad}, backend=self.name)
 
 
 @dataclass(frozen=True)
 class Fused:
     name: str = "torch-rms-norm"
 
-    def run(self, inputs: Inputs) -> PathOutput:
+    def run(self, inputs: Inputs) -> ImplementationOutput:
         x, gain = (t.detach().requires_grad_() for t in (inputs.x, inputs.gain))
         y = torch.nn.functional.rms_norm(x, (x.shape[-1],), gain, EPS)
         y.backward(inputs.grad)
-        return PathOutput(tensors={"y": y.detach(), "dx": x.grad, "dgain": gain.grad}, backend=self.name)
+        return ImplementationOutput(tensors={"y": y.detach(), "dx": x.grad, "dgain": gain.grad}, backend=self.name)
 
 
 def make_inputs(shape, seed, device):
@@ -77,8 +77,8 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
         description="torch's RMSNorm against an eager BF16 RMSNorm and FP64",
         candidate=candidate, default=Eager("eager-bf16"), reference=Eager("fp64", torch.float64),
         controls=(
-            Control(name="norm over all heads", path=Eager("eager-all-heads", over=(-2, -1))),
-            Control(name="gain missing", path=Mutated(base=candidate, mutation="gain 1",
+            Control(name="norm over all heads", implementation=Eager("eager-all-heads", over=(-2, -1))),
+            Control(name="gain missing", implementation=Mutated(base=candidate, mutation="gain 1",
                     mutate=lambda i: Inputs(i.x, torch.ones_like(i.gain), i.grad))),
         ),
     )]

@@ -13,7 +13,7 @@ the data-parallel gradient reduction:
   (correctness.composites.determinism.mode.InMode) against the same path with them off, and the FP64
   reference, at the attention lever's smoke or recipe shapes, one model-like case per layer kind;
 - gradient reduction: the recipe's reduction (its dtype, reduce-scatter or all-reduce, Megatron's
-  buffer and scaling: correctness.reduction) on gloo ranks (CPU) or NCCL (GPU) with torch's
+  buffer and scaling: correctness.grad_reduction) on gloo ranks (CPU) or NCCL (GPU) with torch's
   deterministic switch and, on NCCL, NCCL_ALGO=Ring as Megatron requires, against the same
   reduction without them, and the FP64 sum, at DP 2, 4 and 8.
 
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.judging import SLICING
 from correctness.attention.reference import Fp64Reference
 from correctness.attention.sdpa import Sdpa
@@ -48,13 +48,14 @@ from correctness.attention.te import TransformerEngine
 from correctness.composites.determinism.mode import InMode
 from correctness.attention.combinations import gpu_sdpa_levers
 from correctness.evidence import BOOKKEEPING, Evidence
-from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever import (Case, Control, Implementation, ImplementationOutput, Lever, LeverOptions, NotApplicable,
+                               Tier)
 from correctness.lever_spec import DATA_PARALLEL, GRADIENT_SYNC, RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.megatron.layout import SMOKE
 from correctness.recipes import Recipe, lever_recipe
-from correctness.reduction import lever as reduction
-from correctness.reduction.plan import ORDER_VARIES, RANK_DROPPED, RankPath
+from correctness.grad_reduction import lever as reduction
+from correctness.grad_reduction.plan import ORDER_VARIES, RANK_DROPPED, RankPath
 from correctness.rule import Rule
 
 NAME = "deterministic-mode"
@@ -93,7 +94,7 @@ class LastBitMovesEachRun:
     def name(self) -> str:
         return f"{self.base.name} (one last bit moved, another element each run)"
 
-    def run(self, inputs: Any) -> PathOutput:
+    def run(self, inputs: Any) -> ImplementationOutput:
         output = self.base.run(inputs)
         self.calls += 1
         tensors = dict(output.tensors)
@@ -103,7 +104,7 @@ class LastBitMovesEachRun:
             index = (self.calls * 7919) % flat.numel()  # a prime stride: elements far apart, none repeated soon
             flat[index] = torch.nextafter(flat[index], torch.tensor(float("inf"), dtype=flat.dtype))
             tensors[name] = moved
-        return PathOutput(tensors=tensors, backend=f"{output.backend} (mutated: last bit moved each run)",
+        return ImplementationOutput(tensors=tensors, backend=f"{output.backend} (mutated: last bit moved each run)",
                           details={**output.details, "mutation": "one last bit moved, another element each run",
                                    "call": self.calls})
 
@@ -111,7 +112,7 @@ class LastBitMovesEachRun:
 def attention_controls(candidate: Implementation) -> tuple[Control, ...]:
     wrong_scale = next(control for control in attention.controls(candidate) if control.name == "wrong softmax scale")
     return (
-        Control(name="accumulation order varies between runs", path=LastBitMovesEachRun(candidate)),
+        Control(name="accumulation order varies between runs", implementation=LastBitMovesEachRun(candidate)),
         wrong_scale,
     )
 
@@ -163,8 +164,8 @@ def reduction_determinism_lever(recipe: Recipe, *, tier: Tier, options: LeverOpt
         reference=reduction.Fp64Sum("fp64-sum"),
         controls=(
             Control(name="ranks summed in another order each run",
-                    path=reduction.GradSync(f"{dtype}-{collective}-order-varies", "order-varies", dtype)),
-            Control(name="one rank dropped", path=reduction.GradSync(f"{dtype}-{collective}-rank-dropped",
+                    implementation=reduction.GradSync(f"{dtype}-{collective}-order-varies", "order-varies", dtype)),
+            Control(name="one rank dropped", implementation=reduction.GradSync(f"{dtype}-{collective}-rank-dropped",
                                                                      "rank-dropped", dtype)),
         ),
         rule=RULE, rule_reason=RULE_REASON, cpu_threads=1,

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from correctness.environment import environment_set
-from correctness.errors import PathUnavailable
-from correctness.lever import Implementation, PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import Implementation, ImplementationOutput
 
 NVTE_SWITCH = "NVTE_ALLOW_NONDETERMINISTIC_ALGO"
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
@@ -73,14 +73,14 @@ class InMode:
     def name(self) -> str:
         return f"{self.base.name} ({'deterministic mode' if self.deterministic else 'nondeterminism allowed'})"
 
-    def run(self, inputs: Any) -> PathOutput:
+    def run(self, inputs: Any) -> ImplementationOutput:
         with determinism(self.deterministic, torch.device(self.device)) as settings:
             try:
                 output = self.base.run(inputs)
             except RuntimeError as error:
                 if self.deterministic and NO_DETERMINISTIC_KERNEL in str(error):
-                    raise PathUnavailable(f"{self.base.name}: under deterministic mode torch refuses it:"
+                    raise ImplementationUnavailable(f"{self.base.name}: under deterministic mode torch refuses it:"
                                           f" {str(error).splitlines()[0]}") from error
                 raise
-        return PathOutput(tensors=output.tensors, backend=output.backend,
+        return ImplementationOutput(tensors=output.tensors, backend=output.backend,
                           details={**output.details, "deterministic_mode": settings})

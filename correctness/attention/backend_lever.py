@@ -193,7 +193,7 @@ def window_changed(change: Callable[[AttentionShape], tuple[int, int]]) -> Calla
 
 def _window_control(name: str, mutation: str, change: Callable[[AttentionShape], tuple[int, int]],
                     candidate: Implementation) -> Control:
-    return Control(name=name, path=Mutated(base=candidate, mutation=mutation, mutate=window_changed(change)),
+    return Control(name=name, implementation=Mutated(base=candidate, mutation=mutation, mutate=window_changed(change)),
                    why_inapplicable=window_control_inapplicable)
 
 
@@ -223,7 +223,7 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
         _window_control("window one short", "window one key too narrow", window_too_narrow, candidate),
         Control(
             name="wrong softmax scale",
-            path=Mutated(
+            implementation=Mutated(
                 base=candidate,
                 mutation="softmax scale 1/sqrt(d) or 1.0",
                 mutate=lambda inputs: inputs.with_shape(softmax_scale=wrong_scale(inputs.shape)),
@@ -231,13 +231,13 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
         ),
         Control(
             name="softcap ignored",
-            path=Mutated(base=candidate, mutation="no logit softcap",
+            implementation=Mutated(base=candidate, mutation="no logit softcap",
                          mutate=lambda inputs: inputs.with_shape(softcap=None)),
             why_inapplicable=softcap_control_inapplicable,
         ),
         Control(
             name="sink ignored",
-            path=Mutated(base=candidate, mutation="no attention sinks",
+            implementation=Mutated(base=candidate, mutation="no attention sinks",
                          mutate=lambda inputs: inputs.without_sinks(), change_outputs=zero_dsink),
             why_inapplicable=sink_control_inapplicable,
         ),
@@ -245,8 +245,8 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
 
 
 def attention_backend_lever(
-    *, recipe: Recipe, tier: Tier, scale: Scale, candidate: Implementation, default: Implementation, options: LeverOptions,
-    description: str, claims: bool = False,
+    *, recipe: Recipe, tier: Tier, scale: Scale, candidate: Implementation, default: Implementation,
+    options: LeverOptions, description: str, claims: bool = False,
 ) -> Lever:
     """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
     model = facts_for(recipe, options.model)

@@ -21,7 +21,7 @@ import torch
 
 from correctness import tiers
 from correctness.evidence import STAND_IN, Evidence
-from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, ImplementationOutput, Tier
 from correctness.lever_spec import SHAPE_READS, LeverSpec, TierTest
 from correctness.recipe_sets import NEMOTRON
 from correctness.models import ModelFacts, facts_for
@@ -90,7 +90,7 @@ class PackedLoss:
     row_mean: bool = False
     use_mask: bool = True
 
-    def run(self, inputs: LossInputs) -> PathOutput:
+    def run(self, inputs: LossInputs) -> ImplementationOutput:
         logits = inputs.logits.detach().requires_grad_()
         mask = inputs.mask if self.use_mask else torch.ones_like(inputs.mask)
         losses = torch.nn.functional.cross_entropy(logits.float(), inputs.labels, reduction="none") * mask
@@ -104,15 +104,16 @@ class PackedLoss:
         else:
             total = losses.sum()
         total.backward()
-        return PathOutput(tensors={"loss_sum": total.detach(), "grad_logits": logits.grad}, backend=self.name)
+        return ImplementationOutput(tensors={"loss_sum": total.detach(), "grad_logits": logits.grad}, backend=self.name)
 
 
 @dataclass(frozen=True)
 class Fp64Loss:
     name: str = "fp64-cross-entropy"
 
-    def run(self, inputs: LossInputs) -> PathOutput:
-        return PathOutput(tensors=masked_loss_sum(inputs.logits, inputs.labels, inputs.mask), backend=self.name)
+    def run(self, inputs: LossInputs) -> ImplementationOutput:
+        return ImplementationOutput(
+            tensors=masked_loss_sum(inputs.logits, inputs.labels, inputs.mask), backend=self.name)
 
 
 def loss_shape(recipe: Recipe, model: ModelFacts, scale: str) -> LossShape:
@@ -156,8 +157,8 @@ def loss_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions)
         candidate=PackedLoss("packed-token-sum"), default=PackedLoss("per-row-token-sum", per_row=True),
         reference=Fp64Loss(),
         controls=(
-            Control(name="per-row mean", path=PackedLoss("per-row-mean", row_mean=True)),
-            Control(name="loss mask ignored", path=PackedLoss("mask-ignored", use_mask=False)),
+            Control(name="per-row mean", implementation=PackedLoss("per-row-mean", row_mean=True)),
+            Control(name="loss mask ignored", implementation=PackedLoss("mask-ignored", use_mask=False)),
         ),
     )
 

@@ -1,5 +1,5 @@
 """Wrong BF16 gradient reductions, in the candidate's own format: each is Megatron's BF16 sync on the
-same gloo ranks with one thing done wrong (correctness.reduction.megatron_sync runs the variant),
+same gloo ranks with one thing done wrong (correctness.grad_reduction.megatron_sync runs the variant),
 to show what the BF16 format floor catches. Each must come out `fail` where the honest reduction
 is `format-limited` (tests/test_reduction_lever.py; the lead adds the tuple to
 correctness.wrong_implementations.CATALOGUE). A wrong path is not in the case's plan: it gets a
@@ -20,8 +20,8 @@ distributed run of its own when the harness first asks for it.
 from collections.abc import Callable
 
 from correctness.lever import Implementation, WrongImplementation
-from correctness.reduction.lever import NAME, GradSync
-from correctness.reduction.plan import HOPS_THROUGH_FP8, RANK_DROPPED, TRUNCATED, RankPath
+from correctness.grad_reduction.lever import NAME, GradSync
+from correctness.grad_reduction.plan import HOPS_THROUGH_FP8, RANK_DROPPED, TRUNCATED, RankPath
 
 
 def _with_variant(variant: str) -> Callable[[Implementation], Implementation]:

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from correctness.errors import PathUnavailable
-from correctness.lever import PathOutput
+from correctness.errors import ImplementationUnavailable
+from correctness.lever import ImplementationOutput
 from correctness.provenance import megatron_core_version
 from references.swiglu import gated_unit, gated_unit_backward
 
@@ -141,7 +141,7 @@ class MegatronSwiglu:
     name: str
     fused: bool
 
-    def run(self, inputs: SwigluInputs) -> PathOutput:
+    def run(self, inputs: SwigluInputs) -> ImplementationOutput:
         x, bias, probs = _leaves(inputs)
         before = _compiled_graphs()
         started = time.perf_counter()
@@ -151,12 +151,14 @@ class MegatronSwiglu:
                 function = "MLP.forward -> " + ("bias_swiglu_impl" if self.fused else "glu (unfused)")
             else:
                 if bias is not None and self.fused:
-                    raise PathUnavailable("Megatron's weighted_bias_swiglu_impl takes no bias (NotImplementedError)")
+                    raise ImplementationUnavailable(
+                        "Megatron's weighted_bias_swiglu_impl takes no bias (NotImplementedError)")
                 out = (_fused_experts if self.fused else _unfused_experts)(x, probs)
                 function = "TEGroupedMLP bias_act_func -> " + ("weighted_bias_swiglu_impl" if self.fused else "glu * probs")
             tensors = _gradients(out, inputs.grad, x, bias, probs)
         except ImportError as error:
-            raise PathUnavailable(f"megatron-core is not usable here: {type(error).__name__}: {error}") from error
+            raise ImplementationUnavailable(
+                f"megatron-core is not usable here: {type(error).__name__}: {error}") from error
         details: dict[str, Any] = {"function": function, "megatron_core": megatron_core_version(),
                                    "seconds": time.perf_counter() - started}
         backend = self.name
@@ -164,7 +166,7 @@ class MegatronSwiglu:
             details["jit_fuser"] = fuser()
             details["graphs_compiled"] = _compiled_graphs() - before  # 0 once compiled for the shape
             backend = f"{self.name} ({details['jit_fuser']})"
-        return PathOutput(tensors=tensors, backend=backend, details=details)
+        return ImplementationOutput(tensors=tensors, backend=backend, details=details)
 
 
 class _SiluWrongDerivative(torch.autograd.Function):
@@ -191,7 +193,7 @@ class WrongGatedUnit:
     name: str
     mistake: str
 
-    def run(self, inputs: SwigluInputs) -> PathOutput:
+    def run(self, inputs: SwigluInputs) -> ImplementationOutput:
         x, bias, probs = _leaves(inputs)
         summed = x if bias is None else x + bias
         gate, linear = torch.chunk(summed, 2, dim=-1)
@@ -203,7 +205,7 @@ class WrongGatedUnit:
             raise ValueError(f"wrong gated unit: unknown mistake {self.mistake!r}")
         if probs is not None:
             out = (out * probs).to(out.dtype)
-        return PathOutput(tensors=_gradients(out, inputs.grad, x, bias, probs), backend=self.name,
+        return ImplementationOutput(tensors=_gradients(out, inputs.grad, x, bias, probs), backend=self.name,
                           details={"mistake": self.mistake})
 
 
@@ -241,7 +243,7 @@ class Fp64Swiglu:
 
     name: str = "fp64-swiglu"
 
-    def run(self, inputs: SwigluInputs) -> PathOutput:
+    def run(self, inputs: SwigluInputs) -> ImplementationOutput:
         out = gated_unit(inputs.x, inputs.bias, inputs.probs)
         dx, dbias, dprobs = gated_unit_backward(inputs.x, inputs.grad, inputs.bias, inputs.probs)
         tensors = {"out": out, "grad_fc1_output": dx}
@@ -249,4 +251,4 @@ class Fp64Swiglu:
             tensors["grad_bias"] = dbias
         if dprobs is not None:
             tensors["grad_probs"] = dprobs
-        return PathOutput(tensors=tensors, backend=self.name)
+        return ImplementationOutput(tensors=tensors, backend=self.name)

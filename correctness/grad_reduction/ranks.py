@@ -13,10 +13,10 @@ every size. In each subgroup, every path's sync runs on that rank's own gradient
   only rank: the result is zero).
 
 Those are the gradient-reduction-dtype lever's paths (plan.DTYPE_PATHS); a plan may carry others
-(the deterministic-mode lever's, and the wrong BF16 reductions of correctness.reduction.wrong:
+(the deterministic-mode lever's, and the wrong BF16 reductions of correctness.grad_reduction.wrong:
 plan.RankPath).
 
-One sync (`correctness.reduction.megatron_sync.grad_sync`) is megatron-core 0.16's own
+One sync (`correctness.grad_reduction.megatron_sync.grad_sync`) is megatron-core 0.16's own
 `_ParamAndGradBuffer` and `_ParamAndGradBucketGroup.start_grad_sync`, without overlap, on the
 path's subgroup (every rank a TP group of its own: the tier's TP rank is one rank of the model's
 TP group, whose other members do not take part in the data-parallel sync). megatron-core is
@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from correctness.environment import environment_set
-from correctness.reduction.megatron_sync import grad_sync
-from correctness.reduction.plan import DTYPES, RANK_DROPPED, RankPath, ReductionPlan, digest, rank_gradients
+from correctness.grad_reduction.megatron_sync import grad_sync
+from correctness.grad_reduction.plan import DTYPES, RANK_DROPPED, RankPath, ReductionPlan, digest, rank_gradients
 
 
 def portable(tensor: torch.Tensor) -> tuple[str, Any]:

@@ -4,8 +4,8 @@
 sum of the ranks' FP32 gradients.
 
 Each rank holds its own seeded FP32 gradient of one TP rank's slice of the model's first layer
-(correctness.reduction.plan); the ranks reduce them through megatron-core's own DDP classes
-(correctness.reduction.megatron_sync: its grad buffer in the reduction dtype, its pre-scaling,
+(correctness.grad_reduction.plan); the ranks reduce them through megatron-core's own DDP classes
+(correctness.grad_reduction.megatron_sync: its grad buffer in the reduction dtype, its pre-scaling,
 reduce-scatter with the distributed optimizer, else all-reduce), over DP 2, 4 and 8 and the recipe's
 own DP size where it is 1 or at most 8. The CPU tier runs torch.distributed on gloo ranks forked
 from a server that imported torch and megatron-core once (correctness.distributed); the GPU tier
@@ -29,7 +29,7 @@ the floor (docs/levers/gradient-reduction-dtype.md).
 
 Negative control: the candidate with one rank's gradient dropped from the sum (in each DP group
 the rank with the smallest gradients, the hardest one to miss; at DP 1 the only rank, whose
-gradient then never reaches the buffer). Wrong BF16 reductions: correctness.reduction.wrong.
+gradient then never reaches the buffer). Wrong BF16 reductions: correctness.grad_reduction.wrong.
 """
 
 import math
@@ -45,13 +45,13 @@ from correctness import tiers
 from correctness.distributed import run_ranks
 from correctness.errors import require_megatron_core
 from correctness.evidence import UPSTREAM, Evidence
-from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, PathOutput, Tier
+from correctness.lever import Case, Control, FormatFloor, Lever, LeverOptions, NotApplicable, ImplementationOutput, Tier
 from correctness.lever_spec import DATA_PARALLEL, DEFAULT_READS, GRADIENT_SYNC, LeverSpec, TierTest
 from correctness.models import facts_for
 from correctness.megatron.layout import SMOKE, ParamScale, param_slices
 from correctness.provenance import megatron_core_version
 from correctness.recipes import Recipe, lever_recipe
-from correctness.reduction.plan import (
+from correctness.grad_reduction.plan import (
     DP_SIZES,
     DTYPE_PATHS,
     RankPath,
@@ -64,7 +64,7 @@ from correctness.reduction.plan import (
     tensor_name,
     unpack,
 )
-from correctness.reduction.ranks import from_portable, reduce_on_ranks
+from correctness.grad_reduction.ranks import from_portable, reduce_on_ranks
 from correctness.results import CaseResult
 from references.gradient_sum import fp64_sum
 from references.rounding import round_to_nearest
@@ -202,13 +202,13 @@ class GradSync:
     dtype: str
     rank_path: RankPath | None = None
 
-    def run(self, inputs: ReductionInputs) -> PathOutput:
+    def run(self, inputs: ReductionInputs) -> ImplementationOutput:
         tensors, details, made = inputs.take(self.path, self.rank_path)
         if made:
             details["plan"] = plan_record(inputs.plan)
         else:
             details.pop("distributed_run_seconds", None)
-        return PathOutput(
+        return ImplementationOutput(
             tensors=tensors, backend=f"{inputs.shape.backend} {inputs.plan.collective} {self.dtype}",
             details={**details, "reduction_dtype": self.dtype},
         )
@@ -229,7 +229,7 @@ class Fp64Sum:
     rounded: bool = False
     floor: bool = False
 
-    def run(self, inputs: ReductionInputs) -> PathOutput:
+    def run(self, inputs: ReductionInputs) -> ImplementationOutput:
         plan, tensors = inputs.plan, {}
         for dp in plan.dp_sizes:
             for spec in plan.tensors:
@@ -241,7 +241,7 @@ class Fp64Sum:
                 else:
                     summed = fp64_sum(grads, plan.scaling_factor(dp))
                 tensors[tensor_name(dp, spec.name)] = summed
-        return PathOutput(tensors=tensors, backend=self.name)
+        return ImplementationOutput(tensors=tensors, backend=self.name)
 
 
 BF16_FLOOR = FormatFloor(
@@ -253,7 +253,7 @@ BF16_FLOOR = FormatFloor(
         " reduction that sums the BF16 shards in FP32, as megatron-core's reduce_scatter_with_fp32_accumulation"
         " does, rounds the sum once)",
     ),
-    path=Fp64Sum("fp64-sum through bf16 (format floor)", floor=True),
+    implementation=Fp64Sum("fp64-sum through bf16 (format floor)", floor=True),
 )
 
 
@@ -399,7 +399,8 @@ def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
         default=GradSync(f"fp32-{collective}", "default", "fp32"),
         reference=Fp64Sum("fp64-sum"),
         secondary_references=(Fp64Sum("fp64-sum-of-bf16-rounded-gradients", rounded=True),),
-        controls=(Control(name="one rank dropped", path=GradSync(f"bf16-{collective}-rank-dropped", "control", "bf16")),),
+        controls=(Control(name="one rank dropped",
+                          implementation=GradSync(f"bf16-{collective}-rank-dropped", "control", "bf16")),),
         format_floor=BF16_FLOOR,
         summarize=summarize,
         cpu_threads=1,

@@ -12,12 +12,12 @@ One shim, on the CPU only (`cpu_current_device`, undone on leaving it): `torch.c
 which the buffer passes as the device of its zeros (param_and_grad_buffer.py, the `grad_data` and
 `param_data` allocations), returns "cpu". Nothing else in that path touches CUDA.
 
-Other variants of a sync (correctness.reduction.plan's RankPath.variant) change one thing each:
+Other variants of a sync (correctness.grad_reduction.plan's RankPath.variant) change one thing each:
 - RANK_DROPPED: the dropped rank's gradients never reach its buffer (it still joins the collective);
 - ORDER_VARIES (the deterministic-mode lever's control): Megatron's buffer filled and scaled the
   same way, then the ranks' buffers summed one after another in an order that moves with the run,
   in place of the collective;
-- wrong implementations in BF16 (correctness.reduction.wrong): TRUNCATED, the gradients converted
+- wrong implementations in BF16 (correctness.grad_reduction.wrong): TRUNCATED, the gradients converted
   into the BF16 buffer by truncation (the low 16 bits of FP32 dropped) instead of to nearest even;
   HOPS_THROUGH_FP8, the ranks' buffers summed one after another from rank 0 (a ring's hops), each
   partial sum passed through FP8 E4M3 (scaled by a power of two to its largest value) before BF16;
@@ -25,7 +25,7 @@ Other variants of a sync (correctness.reduction.plan's RankPath.variant) change 
   shards exchanged by an all-to-all and summed in FP32, the sum rounded to BF16 once. Megatron
   installs it in a module global of param_and_grad_buffer for every later bucket group; the sync
   puts the usual reduce-scatter back after it.
-The buffer's layout must be the plan's (correctness.reduction.plan.buffer_layout, which the parent
+The buffer's layout must be the plan's (correctness.grad_reduction.plan.buffer_layout, which the parent
 uses to cut the tensors out of the result): a rank whose buffer Megatron laid out otherwise raises.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from correctness.reduction.plan import (
+from correctness.grad_reduction.plan import (
     FP32_ACCUMULATION, HOPS_THROUGH_FP8, ORDER_VARIES, SUM, TRUNCATED, VARIANTS, BufferLayout, ReductionPlan,
 )
 from references.rounding import round_toward_zero

@@ -1,6 +1,6 @@
 """What one gradient-reduction case computes: the rank-local tensors, each rank's seeded gradient,
 Megatron's grad buffer layout, and the data-parallel sizes run. Everything here is plain data and
-torch: the ranks import this module (correctness.reduction.ranks), and nothing heavier.
+torch: the ranks import this module (correctness.grad_reduction.ranks), and nothing heavier.
 
 Gradients (seeded, FP32 as Megatron's main grads are): for tensor t and rank r,
 
@@ -43,7 +43,7 @@ BUCKET_ALIGN = 128  # and the bucket's end to a multiple of lcm(DP, this)
 COLLECTIVES = ("reduce-scatter", "all-reduce")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUM, RANK_DROPPED, ORDER_VARIES = "sum", "rank dropped", "order varies"  # RankPath.variant
-# Wrong BF16 implementations (correctness.reduction.wrong; what each does: megatron_sync's docstring).
+# Wrong BF16 implementations (correctness.grad_reduction.wrong; what each does: megatron_sync's docstring).
 TRUNCATED = "gradients truncated into the BF16 buffer"
 HOPS_THROUGH_FP8 = "each hop's partial sum through FP8 E4M3"
 # Megatron's other BF16 reduce-scatter (DDP's reduce_scatter_with_fp32_accumulation): the BF16 shards

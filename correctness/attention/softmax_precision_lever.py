@@ -40,7 +40,7 @@ FP32 (TransformerConfig), so the lever does not apply.
 from dataclasses import replace
 
 from correctness import tiers
-from correctness.attention import lever as attention
+from correctness.attention import backend_lever as attention
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.megatron_softmax import MegatronAttention
 from correctness.attention.reference import Fp64Reference
@@ -89,7 +89,8 @@ def applies(recipe: Recipe) -> None:
 def mask_ignored(candidate: MegatronAttention) -> Control:
     """The candidate with Megatron's mask function filling nothing (masked keys leak), on
     FusedScaleMaskSoftmax's torch path: the fused kernel makes its causal mask itself."""
-    return Control(name="mask ignored", path=replace(candidate, mask_ignored=True, masked_softmax_fusion=False))
+    return Control(name="mask ignored",
+                   implementation=replace(candidate, mask_ignored=True, masked_softmax_fusion=False))
 
 
 def controls(candidate: MegatronAttention) -> tuple[Control, ...]:

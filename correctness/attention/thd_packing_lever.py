@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from correctness.attention.lever import attention_memory
+from correctness.attention.backend_lever import attention_memory
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.inputs import AttentionInputs, synthetic_inputs
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
@@ -22,7 +22,8 @@ from correctness.attention.sdpa import Sdpa
 from correctness.attention.te import TransformerEngine
 from correctness import tiers
 from correctness.evidence import UPSTREAM, Evidence
-from correctness.lever import Case, Control, Implementation, Lever, LeverOptions, Mutated, NotApplicable, PathOutput, Tier
+from correctness.lever import (Case, Control, Implementation, ImplementationOutput, Lever, LeverOptions, Mutated,
+                               NotApplicable, Tier)
 from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.recipe_sets import NEMOTRON
 from correctness.models import facts_for
@@ -51,7 +52,7 @@ class PerRow:
     def name(self) -> str:
         return f"{self.base.name}-per-row"
 
-    def run(self, inputs: AttentionInputs) -> PathOutput:
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         shape = inputs.shape
         bounds = shape.cu_seqlens
         pieces: dict[str, list[torch.Tensor]] = {}
@@ -69,7 +70,7 @@ class PerRow:
             backends[output.backend] = None
             for name, tensor in output.tensors.items():
                 pieces.setdefault(name, []).append(tensor if name == "dsink" else tensor.squeeze(0))
-        return PathOutput(
+        return ImplementationOutput(
             tensors={name: torch.stack(parts).sum(dim=0) if name == "dsink" else torch.cat(parts)
                      for name, parts in pieces.items()},
             backend=" | ".join(backends) + f", {len(bounds) - 1} rows one at a time",
@@ -105,13 +106,13 @@ def packing_controls(candidate: Implementation) -> tuple[Control, ...]:
     return (
         Control(
             name="no row boundary",
-            path=Mutated(base=candidate, mutation="rows packed without a boundary",
+            implementation=Mutated(base=candidate, mutation="rows packed without a boundary",
                          mutate=lambda inputs: inputs.with_shape(boundaries=without_boundary(inputs.shape))),
             why_inapplicable=needs_two_rows,
         ),
         Control(
             name="boundary one token late",
-            path=Mutated(base=candidate, mutation="first boundary one token late",
+            implementation=Mutated(base=candidate, mutation="first boundary one token late",
                          mutate=lambda inputs: inputs.with_shape(boundaries=boundary_one_late(inputs.shape))),
             why_inapplicable=needs_two_rows,
         ),

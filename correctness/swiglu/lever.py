@@ -1,7 +1,7 @@
 """The bias-swiglu-fusion lever (`--no-bias-swiglu-fusion`): Megatron's fused SwiGLU
 (`bias_swiglu_impl`, and `weighted_bias_swiglu_impl` in the routed experts; torch.compile'd as
 Megatron runs them) against the unfused SwiGLU that runs without the fusion, and an FP64 SwiGLU
-(references/swiglu.py), forward and backward (correctness.mlp.paths says exactly what runs).
+(references/swiglu.py), forward and backward (correctness.swiglu.paths says exactly what runs).
 
 Where the flag reaches (Megatron-LM `core_transformer_config_from_args`): only with `--swiglu`
 does `bias_activation_fusion` follow `--no-bias-swiglu-fusion`; otherwise it follows
@@ -46,7 +46,7 @@ from correctness.evidence import UPSTREAM, Evidence
 from correctness.lever import Case, Control, Lever, LeverOptions, Mutated, NotApplicable, Tier
 from correctness.lever_spec import EXPERT_LAYOUT, SHAPE_READS, LeverSpec, TierTest
 from correctness.recipe_sets import GEMMA, LLAMA, MOONLIGHT, NEMOTRON
-from correctness.mlp.paths import (
+from correctness.swiglu.paths import (
     FUSED, UNFUSED, Fp64Swiglu, MegatronSwiglu, SwigluInputs, WrongGatedUnit, swapped_inputs, unbiased_inputs,
     unswapped_gradients, unweighted_inputs,
 )
@@ -201,15 +201,18 @@ def swiglu_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOption
                               make_inputs=partial(make_inputs, sized, seed), **swiglu_memory(sized)))
     candidate = MegatronSwiglu(FUSED, fused=True)
     controls = (
-        Control(name="gate and linear halves swapped", path=Mutated(
+        Control(name="gate and linear halves swapped", implementation=Mutated(
             base=candidate, mutation="gate and linear halves swapped", mutate=swapped_inputs,
             change_outputs=unswapped_gradients)),
-        Control(name="sigmoid gate (SiLU's factor missing)", path=WrongGatedUnit("sigmoid-gate", "sigmoid gate")),
-        Control(name="SiLU's derivative taken as sigmoid", path=WrongGatedUnit("sigmoid-derivative", "sigmoid derivative")),
-        Control(name="router weights ignored", path=Mutated(base=candidate, mutation="router weights ignored",
+        Control(name="sigmoid gate (SiLU's factor missing)",
+                implementation=WrongGatedUnit("sigmoid-gate", "sigmoid gate")),
+        Control(name="SiLU's derivative taken as sigmoid",
+                implementation=WrongGatedUnit("sigmoid-derivative", "sigmoid derivative")),
+        Control(name="router weights ignored", implementation=Mutated(base=candidate, mutation="router weights ignored",
                                                             mutate=unweighted_inputs),
                 why_inapplicable=_has("probs_dtype", "no router weights at this site")),
-        Control(name="bias not added", path=Mutated(base=candidate, mutation="bias not added", mutate=unbiased_inputs),
+        Control(name="bias not added",
+                implementation=Mutated(base=candidate, mutation="bias not added", mutate=unbiased_inputs),
                 why_inapplicable=_has("bias", "no bias (--disable-bias-linear)")),
     )
     return Lever(
