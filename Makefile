@@ -31,8 +31,16 @@ install: $(VENV)/.installed
 # Its summary opens with each seed recipe's verdict (what the recipe changed against its reference,
 # judged on the levers those changes need), then every lever's verdict table; pytest's own short
 # summary lists failures only (the tables say what skipped and why), without the libraries' warnings.
+# Then, passing or not, one report per recipe the run wrote records of (`correctness report`: the
+# records newer than the run's start, hidden folders left out), each path printed; the exit status
+# is pytest's, or the report's where that fails.
+STARTED := $(VENV)/.component-tests-started
 component-tests: install
-	$(BIN)/python -m pytest component_tests -rfE --disable-warnings --require-tiers $(REQUIRED_TIERS)
+	touch $(STARTED)
+	$(BIN)/python -m pytest component_tests -rfE --disable-warnings --require-tiers $(REQUIRED_TIERS); \
+	status=$$?; \
+	$(BIN)/correctness report $$(find results -name '*.json' -newer $(STARTED) -not -path '*/.*') || status=$$?; \
+	exit $$status
 
 # The whole suite on every core (pytest-xdist, from the test extra; the workers share the cores'
 # torch threads and merge their lever records): on 2 cores about 30% faster than one process.

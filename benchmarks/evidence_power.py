@@ -1,14 +1,17 @@
 """What the evidence catches, measured: every wrong implementation of the catalogue
 (correctness/wrong_implementations.py) run as a candidate through the CPU tiers, built on the
-real candidate (torch SDPA's flash CPU kernel for attention, the offload split for the optimizer),
-with run_candidates (the reference, the default and the controls computed once per case).
+real candidate (torch SDPA's flash CPU kernel for attention, the offload split for the optimizer,
+each fused kernel's lever's own candidate: cross entropy at Gemma and Nemotron, RoPE at Gemma (BSHD)
+and Qwen3-MoE (THD), SwiGLU at Llama without and with fc1's bias, the MoE permutation at Nemotron
+and Qwen3-MoE, the softmax's precision at Gemma), with run_candidates (the reference, the default
+and the controls computed once per case). `--levers a,b` runs those levers only.
 
 Prints, per wrong implementation and case: the verdict, the largest error/bound of the whole
 tensors, of the slices, the systematic diagnostic's largest |slope| or |offset| over its threshold,
 and whether an invariant broke. The honest candidate is judged beside them: it must pass with
 nothing flagged. docs/evidence-power.md ("What the bound cannot see") holds these figures.
 
-    python benchmarks/evidence_power.py [--json]
+    python benchmarks/evidence_power.py [--json] [--levers NAME,...]
 """
 
 import argparse
@@ -18,19 +21,33 @@ import time
 
 from correctness import LeverOptions
 from correctness.attention import backend_lever as attention
+from correctness.attention import softmax_precision_lever as softmax_precision
 from correctness.attention.sdpa import Sdpa
+from correctness.cross_entropy import lever as cross_entropy
 from correctness.harness import run_candidates
+from correctness.moe import permute_lever
 from correctness.optimizer import lever as offload
+from correctness.recipe_sets import GEMMA, LLAMA, NEMOTRON, QWEN3_MOE
+from correctness.rope import lever as rope
+from correctness.swiglu import lever as swiglu
+from correctness.swiglu.wrong import with_bias
 from correctness.wrong_implementations import CATALOGUE
-
-GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
-NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
 
 def levers():
-    yield "attention-backend", attention.cpu_tier(GEMMA, LeverOptions(), candidate=Sdpa("flash"))[0]
+    options = LeverOptions()
+    yield attention.cpu_tier(GEMMA, options, candidate=Sdpa("flash"))[0]
     for recipe in (GEMMA, NEMOTRON):
-        yield "optimizer-offload", offload.cpu_tier(recipe, LeverOptions())[0]
+        yield offload.cpu_tier(recipe, options)[0]
+    for recipe in (GEMMA, NEMOTRON):
+        yield from cross_entropy.cpu_tier(recipe, options)
+    for recipe in (GEMMA, QWEN3_MOE):
+        yield from rope.cpu_tier(recipe, options)
+    plain = swiglu.cpu_tier(LLAMA, options)[0]
+    yield from (plain, with_bias(plain))
+    for recipe in (NEMOTRON, QWEN3_MOE):
+        yield from permute_lever.cpu_tier(recipe, options)
+    yield from softmax_precision.cpu_tier(GEMMA, options)
 
 
 def _over(t) -> float:
@@ -56,32 +73,38 @@ def figures(result) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--levers", help="comma-separated lever names (default: every lever above)")
     args = parser.parse_args()
+    chosen = set(args.levers.split(",")) if args.levers else None
     rows, honest_ok = [], True
-    for name, lever in levers():
+    for lever in levers():
+        if chosen is not None and lever.name not in chosen:
+            continue
         for case in lever.cases:
             if case.skip_reason:
                 continue
-            wrong = [entry for entry in CATALOGUE if entry.lever == name and entry.changes(case)]
+            wrong = [entry for entry in CATALOGUE if entry.lever == lever.name and entry.changes(case)]
             start = time.perf_counter()
             results = run_candidates(lever, case, [lever.candidate] + [e.build(lever.candidate) for e in wrong],
                                      repeat=False)
             seconds = time.perf_counter() - start
             honest = figures(results[0])
             honest_ok &= honest["status"] == "pass" and not honest["flagged"]
-            rows.append({"case": case.id, "implementation": f"honest ({lever.candidate.name})", **honest,
-                         "claimed": False, "seconds": seconds})
+            rows.append({"lever": lever.name, "case": case.id, "implementation": f"honest ({lever.candidate.name})",
+                         **honest, "claimed": False, "seconds": seconds})
             for entry, result in zip(wrong, results[1:]):
-                rows.append({"case": case.id, "implementation": entry.name, **figures(result),
+                rows.append({"lever": lever.name, "case": case.id, "implementation": entry.name, **figures(result),
                              "claimed": entry.caught_on(case)})
     if args.json:
         print(json.dumps({"rows": rows, "honest_pass": honest_ok}, indent=1))
     else:
         for row in rows:
             flags = ",".join(row["flagged"]) or "-"
-            print(f"{row['implementation'][:48]:48}  {row['case'][:58]:58}  {row['status']:5}  whole {row['whole']:8.2f}"
-                  f"  slices {row['slices']:9.2f}  systematic {row['systematic']:6.2f} ({flags})"
-                  f"  invariant {'BROKEN' if row['invariant_broken'] else 'held'}{'  claimed' if row['claimed'] else ''}")
+            invariant = "BROKEN" if row["invariant_broken"] else "held"
+            print(f"{row['implementation'][:48]:48}  {row['case'][:58]:58}  {row['status']:5}"
+                  f"  whole {row['whole']:8.2f}  slices {row['slices']:9.2f}"
+                  f"  systematic {row['systematic']:6.2f} ({flags})  invariant {invariant}"
+                  f"{'  claimed' if row['claimed'] else ''}")
         print(f"honest candidates pass with nothing flagged: {'yes' if honest_ok else 'NO'}")
     return 0 if honest_ok else 1
 

@@ -23,6 +23,7 @@ from correctness.commands import (
     drop_stdout,
     levers,
     model_facts,
+    report,
     run,
 )
 from correctness.errors import CorrectnessError
@@ -33,6 +34,7 @@ COMMANDS = {
     "converge": (converge, "check a candidate loss curve against a reference curve"),
     "check": (check, "one verdict for a recipe: configuration, component tests, convergence"),
     "run": (run, "run a recipe's component tests (pytest underneath) and write their records"),
+    "report": (report, "write a recipe's records as one self-contained HTML page of figures"),
     "levers": (levers, "list the suite's levers, their tiers and the numerics arguments each covers"),
     "model-facts": (model_facts, "write a model's facts from its Hugging Face config.json"),
     "capture-attention": (

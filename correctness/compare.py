@@ -108,6 +108,10 @@ class SliceComparison:
     systematic_flagged: int
     systematic_worst: str
     systematic: Systematic
+    # Every slice's error/bound, row-major over grid_shape ([*leading, position blocks, heads]), to
+    # three significant digits: the heatmap of a report (correctness report).
+    grid_shape: tuple[int, ...]
+    grid: tuple[float, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,6 +417,8 @@ class SliceAccumulator:
                 **{figure: float(values[s_worst]) for figure, values in systematic.items()},
                 flagged=bool(systematic_over[s_worst] > 1.0),
             ),
+            grid_shape=tuple(over.shape),
+            grid=tuple(float(f"{value:.3g}") for value in over.flatten().tolist()),
         )
 
     def _systematic(

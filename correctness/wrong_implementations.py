@@ -2,12 +2,14 @@
 through the levers' own CPU tiers to show what the evidence catches (tests/test_evidence_power.py,
 benchmarks/evidence_power.py, the README's "What the bound cannot see").
 
-Each is built on a lever's honest path: the attention ones on the eager unfused path (the
+Each is built on a lever's honest path: the attention backend's on the eager unfused path (the
 default's numerics, so that what fails is the wrong computation and nothing else; their backend
 names the mutation, so none is taken for the default's own kernel), the optimizer's on the offload
-split. `changes(case)` says whether the mistake changes the computation on a case (a window
-mistake changes nothing on a layer without a window), `caught_on(case)` where the suite claims to
-catch it: there the case must fail, or for a scale error be flagged `systematic`. A window one key
+split, and the fused kernels' (cross entropy, RoPE, SwiGLU, the MoE permutation, the softmax's
+precision) on each lever's own candidate, declared in its kind's `wrong.py`. `changes(case)` says
+whether the mistake changes the computation on a case (a window mistake changes nothing on a layer
+without a window), `caught_on(case)` where the suite claims to catch it: there the case must fail,
+or for a scale error be flagged `systematic`. A window one key
 off changes a model-like case's output by about the BF16 default's own error or less (each query
 spreads its weight over a thousand keys, so one key more or less at the edge moves a few rows at
 most), so only the window-edge case, built to expose it, claims it.
@@ -19,13 +21,18 @@ from dataclasses import dataclass
 import torch
 
 from correctness.adam_precision import wrong as adam_wrong
+from correctness.attention import wrong as softmax_wrong
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.backend_lever import window_changed, window_too_narrow, window_too_wide
+from correctness.cross_entropy import wrong as cross_entropy_wrong
 from correctness.fp8 import wrong as fp8_wrong
 from correctness.grad_accumulation import wrong as accumulation_wrong
 from correctness.lever import Case, Implementation, Mutated, WrongImplementation
 from correctness.grad_reduction import wrong as reduction_wrong
+from correctness.moe import wrong as permute_wrong
+from correctness.rope import wrong as rope_wrong
 from correctness.router import wrong as router_wrong
+from correctness.swiglu import wrong as swiglu_wrong
 
 LAST_BLOCK = 64  # rows: the last block of a 64-row kernel tile
 ONE_BF16_ULP = 2.0**-8  # an output scaled by 1 + 2^-8, one BF16 unit roundoff
@@ -97,11 +104,22 @@ _ATTENTION_AND_OFFLOAD = (
     ),
 )
 
+# Realistic mistakes of the fused kernels, declared beside each lever (its kind's wrong.py): each must
+# fail on every case it changes, or be written up in docs/evidence-power.md (tests/test_evidence_power.py).
+FUSED_KERNELS = (
+    *cross_entropy_wrong.WRONG_IMPLEMENTATIONS,
+    *rope_wrong.WRONG_IMPLEMENTATIONS,
+    *swiglu_wrong.WRONG_IMPLEMENTATIONS,
+    *permute_wrong.WRONG_IMPLEMENTATIONS,
+    *softmax_wrong.WRONG_IMPLEMENTATIONS,
+)
+
 # The precision levers' wrong implementations in their candidate's own format (truncation instead of
 # round to nearest, a dropped rank or microbatch, a second rounding), declared beside each lever:
 # each must fail where the honest candidate is format-limited (their levers' tests).
 CATALOGUE = (
     *_ATTENTION_AND_OFFLOAD,
+    *FUSED_KERNELS,
     *reduction_wrong.WRONG_IMPLEMENTATIONS,
     *accumulation_wrong.WRONG_IMPLEMENTATIONS,
     *router_wrong.WRONG_IMPLEMENTATIONS,

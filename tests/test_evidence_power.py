@@ -1,21 +1,27 @@
 """What the evidence catches: every wrong implementation of the catalogue
 (correctness/wrong_implementations.py), run as a candidate through the levers' CPU tiers with
 run_candidates, fails (or, for a scale error, is flagged systematic) on every case the catalogue
-claims it on, while the honest path beside it passes with nothing flagged. Built on the eager
-path here (the default's numerics, cheap on any CPU); benchmarks/evidence_power.py measures the
-same catalogue on the flash kernel for docs/evidence-power.md."""
+claims it on, while the honest path beside it passes with nothing flagged. The attention backend's
+are built on the eager path here (the default's numerics, cheap on any CPU); benchmarks/evidence_power.py
+measures the same catalogue on the flash kernel for docs/evidence-power.md. The fused kernels'
+mistakes run on each lever's own candidate, at one recipe per lever and layout (the benchmark runs
+every recipe of the document's table)."""
 
 import pytest
 
 from correctness import LeverOptions
 from correctness.attention import backend_lever as attention
+from correctness.attention import softmax_precision_lever as softmax_precision
 from correctness.attention.eager import EagerUnfused
+from correctness.cross_entropy import lever as cross_entropy
 from correctness.harness import run_candidates
+from correctness.moe import permute_lever
 from correctness.optimizer import lever as offload
+from correctness.recipe_sets import GEMMA, LLAMA, NEMOTRON, QWEN3_MOE
+from correctness.rope import lever as rope
+from correctness.swiglu import lever as swiglu
+from correctness.swiglu.wrong import with_bias
 from correctness.wrong_implementations import CATALOGUE
-
-GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
-NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
 
 def attention_lever():
@@ -27,7 +33,8 @@ def offload_levers():
 
 
 def judged_cases():
-    cases = [("attention-backend", attention_lever, case.id) for case in attention_lever().cases if not case.skip_reason]
+    cases = [("attention-backend", attention_lever, case.id)
+             for case in attention_lever().cases if not case.skip_reason]
     for index, lever in enumerate(offload_levers()):
         cases += [("optimizer-offload", lambda index=index: offload_levers()[index], case.id)
                   for case in lever.cases if not case.skip_reason]
@@ -38,20 +45,52 @@ def judged_cases():
 def test_each_wrong_implementation_is_caught_where_the_catalogue_claims_it(lever_name, make_lever, case_id):
     lever = make_lever()
     case = next(case for case in lever.cases if case.id == case_id)
-    wrong = [entry for entry in CATALOGUE if entry.lever == lever_name and entry.changes(case)]
+    missed = missed_on(lever, case)
+    assert not missed, f"{case_id}: missed {missed}"
+
+
+def missed_on(lever, case) -> list[str]:
+    """The catalogue's mistakes of the lever that the case claims and does not catch; the honest
+    candidate, judged beside them, must pass with nothing flagged."""
+    wrong = [entry for entry in CATALOGUE if entry.lever == lever.name and entry.changes(case)]
     honest = lever.candidate
     results = run_candidates(lever, case, [honest] + [entry.build(honest) for entry in wrong], repeat=False)
-    assert results[0].status in ("pass", "no kernel change"), results[0].failures
-    assert results[0].systematic == ()
+    assert results[0].status in ("pass", "no kernel change"), (case.id, results[0].failures)
+    assert results[0].systematic == (), case.id
     missed = []
     for entry, result in zip(wrong, results[1:]):
         if not entry.caught_on(case):
             continue
         caught = result.status == "fail" or (entry.expected == "systematic" and result.systematic)
         if not caught:
-            worst = max(t.error_over_bound for t in result.candidate.tensors)
-            missed.append(f"{entry.name}: {result.status}, largest error/bound {worst:.2f}")
-    assert not missed, f"{case_id}: missed {missed}"
+            worst = max(t.error_over_bound for t in result.candidate.tensors) if result.candidate else float("nan")
+            missed.append(f"{entry.name}: {result.status}, largest error/bound {worst:.2f} {result.failures[:1]}")
+    return missed
+
+
+FUSED_KERNEL_LEVERS = {
+    "cross-entropy-fusion": lambda: cross_entropy.cpu_tier(GEMMA, LeverOptions()),  # TP 1 and 2
+    "rope-fusion": lambda: rope.cpu_tier(GEMMA, LeverOptions()) + rope.cpu_tier(QWEN3_MOE, LeverOptions()),  # BSHD, THD
+    "bias-swiglu-fusion": lambda: [lever for plain in swiglu.cpu_tier(LLAMA, LeverOptions())
+                                   for lever in (plain, with_bias(plain))],
+    "moe-permute-fusion": lambda: permute_lever.cpu_tier(QWEN3_MOE, LeverOptions()),  # both levers
+    "attention-softmax-precision": lambda: softmax_precision.cpu_tier(GEMMA, LeverOptions()),
+}
+
+
+@pytest.mark.parametrize("levers", FUSED_KERNEL_LEVERS.values(), ids=FUSED_KERNEL_LEVERS.keys())
+def test_each_fused_kernels_mistake_is_caught_on_every_case_it_changes(levers):
+    missed, declared, changed = [], set(), set()
+    for lever in levers():
+        declared |= {(entry.lever, entry.name) for entry in CATALOGUE if entry.lever == lever.name}
+        for case in lever.cases:
+            if case.skip_reason:
+                continue
+            changed |= {(entry.lever, entry.name) for entry in CATALOGUE
+                        if entry.lever == lever.name and entry.changes(case)}
+            missed += [f"{case.id}: {miss}" for miss in missed_on(lever, case)]
+    assert declared and declared == changed, f"mistakes no case here changes: {sorted(declared - changed)}"
+    assert not missed, missed
 
 
 def test_the_scale_error_is_flagged_systematic_and_fails_only_when_strict():

@@ -40,14 +40,14 @@ def table_width(args: argparse.Namespace, indent: int = 2) -> int | None:
     return None if getattr(args, "wide", False) else TABLE_WIDTH - indent
 
 
-def emit(args: argparse.Namespace, lines: Sequence[str], data: Any) -> None:
-    """Print the human form, its lines wrapped at LINE_WIDTH (not with --wide), or with --json the
-    machine-readable one. A reader that has gone away (`| head`) is no error: the command's work is
-    done, and its exit status stands."""
+def emit(args: argparse.Namespace, lines: Sequence[str], data: Any, wrap: bool = True) -> None:
+    """Print the human form, its lines wrapped at LINE_WIDTH (not with --wide, nor where `wrap` is
+    false: lines of paths), or with --json the machine-readable one. A reader that has gone away
+    (`| head`) is no error: the command's work is done, and its exit status stands."""
     if getattr(args, "json", False):
         text = json.dumps(data, indent=1, allow_nan=False, default=str)
     else:
-        text = "\n".join(lines if getattr(args, "wide", False) else fit_lines(lines))
+        text = "\n".join(lines if getattr(args, "wide", False) or not wrap else fit_lines(lines))
     try:
         print(text, flush=True)
     except BrokenPipeError:

@@ -31,8 +31,6 @@ no losses, a non-numeric loss, curves of different lengths), with a one-line mes
 import argparse
 from pathlib import Path
 
-import numpy as np
-
 from correctness.attach import attach_convergence
 from correctness.commands import EXIT_FAIL, EXIT_OK, emit
 from correctness.convergence import (
@@ -43,7 +41,7 @@ from correctness.convergence import (
     format_report,
     read_curve,
 )
-from correctness.convergence.checks import block_text
+from correctness.convergence.picture import convergence_picture
 from correctness.errors import CorrectnessError
 
 
@@ -80,44 +78,40 @@ def run(args: argparse.Namespace) -> int:
 
 def write_plot(result: ConvergenceResult, path: str | Path) -> None:
     """PNG: both curves (skipped steps shaded, point-wise failures marked) above their difference
-    (the point-wise tolerance band and the fitted drift). matplotlib is imported only here, Agg only."""
+    (the point-wise tolerance band and the fitted drift), as correctness.convergence.picture says.
+    matplotlib is imported only here, Agg only."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    steps, c, g = result.steps, result.candidate_losses, result.reference_losses
+    picture = convergence_picture(result)
+    steps = picture.steps
     figure = Figure(figsize=(9, 6.5), layout="constrained")
     FigureCanvasAgg(figure)
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
-    top.plot(steps, g, label=f"reference ({Path(result.reference.source).name})", color="tab:blue", lw=1.5)
-    top.plot(steps, c, label=f"candidate ({Path(result.candidate.source).name})", color="tab:orange", lw=1.2)
-    if result.skipped and len(steps):
-        end = (steps[result.skipped - 1] + steps[result.skipped]) / 2 if result.skipped < len(steps) else steps[-1]
+    top.plot(steps, picture.reference, label=picture.reference_label, color="tab:blue", lw=1.5)
+    top.plot(steps, picture.candidate, label=picture.candidate_label, color="tab:orange", lw=1.2)
+    if picture.skipped_until is not None:
         for axis in (top, bottom):
-            axis.axvspan(steps[0], end, color="0.9", zorder=0)
-        top.text(steps[0], 1.0, f" skipped ({result.skipped})", transform=top.get_xaxis_transform(),
+            axis.axvspan(steps[0], picture.skipped_until, color="0.9", zorder=0)
+        top.text(steps[0], 1.0, f" skipped ({picture.skipped})", transform=top.get_xaxis_transform(),
                  va="top", fontsize=8, color="0.4")
-    finite = np.isfinite(c) & np.isfinite(g)
-    failed = np.isin(steps, result.pointwise_failure_steps) & finite
-    if failed.any():
-        top.plot(steps[failed], c[failed], "x", color="tab:red", label="point-wise failure")
-    for index, step in enumerate(steps[~finite]):
+    if picture.failed.any():
+        top.plot(steps[picture.failed], picture.candidate[picture.failed], "x", color="tab:red",
+                 label="point-wise failure")
+    for index, step in enumerate(picture.nonfinite_steps):
         top.axvline(step, color="tab:red", lw=0.8, ls=":", label=None if index else "non-finite loss")
     top.set_ylabel("loss")
-    fields = block_text(result, leave_out=("result",))
-    top.set_title(f"{result.result.upper()} · {result.thresholds.name} thresholds · {fields}", fontsize=9)
+    top.set_title(picture.title, fontsize=9)
     top.xaxis.set_major_locator(MaxNLocator(integer=True))
     top.legend(fontsize=8)
 
-    band = result.thresholds.pointwise_tolerance(g) * np.abs(g)
-    bottom.fill_between(steps, -band, band, color="tab:green", alpha=0.15, label="point-wise tolerance")
+    bottom.fill_between(steps, -picture.band, picture.band, color="tab:green", alpha=0.15, label="point-wise tolerance")
     bottom.axhline(0.0, color="0.5", lw=0.8)
-    bottom.plot(steps, c - g, color="tab:purple", lw=1.2, label="candidate - reference")
-    drift = result.drift
-    if drift is not None:
-        x = np.array([drift.first_step, drift.last_step], dtype=np.float64)
-        bottom.plot(x, drift.intercept + drift.slope * x, color="black", ls="--", lw=1.0,
-                    label=f"fitted drift {drift.relative:+.2%} ({result.check('drift').status})")
+    bottom.plot(steps, picture.difference, color="tab:purple", lw=1.2, label="candidate - reference")
+    if picture.drift is not None:
+        (x0, y0), (x1, y1) = picture.drift
+        bottom.plot([x0, x1], [y0, y1], color="black", ls="--", lw=1.0, label=picture.drift_label)
     bottom.set_xlabel("step")
     bottom.set_ylabel("difference")
     bottom.legend(fontsize=8)

@@ -4,7 +4,7 @@ markers), write their records and give the recipe's verdict.
     correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--reference REFERENCE.yaml] [--all-levers]
                     [--results-dir DIR] [--workers N] [--model-config CONFIG]
                     [--checkpoint-cases DIR] [--model-checkpoint DIR] [--gpu-stand-in PRESENT=RECIPE]
-                    [--json] [-- PYTEST ARGS...]
+                    [--report] [--json] [-- PYTEST ARGS...]
 
 The recipe is judged on what it changed against its reference (fixtures/references/<id>.yaml, or
 --reference), as `correctness classify` classes the changes; without a reference, on the numerics
@@ -26,6 +26,9 @@ GPUs the cases are spread over them, one GPU per pytest-xdist worker (install th
 extra); the workers' records are merged into one per lever. pytest prints its progress and, at the
 end, the recipe's verdict and a verdict table per lever.
 
+--report writes the report of the records the run wrote (`correctness report`: one self-contained
+HTML page) as report.html in the recipe's records folder, and prints its path.
+
 Before any test starts it checks what would otherwise fail late: the recipe against the schema, its
 reference, the model's facts, that the results folder takes a file, and that the levers can be
 built from the recipe (a quiet collection: a shape that does not split over the recipe's TP size
@@ -34,7 +37,8 @@ fails there). Each is refused in one line.
 --json: stdout holds one JSON object and nothing else (pytest's report goes to stderr):
 {"recipe", "recipe_file", "tier", "markers", "levers", "results_dir", "pytest": {"arguments",
 "exit_code", "outcome"} (null where no test was needed), "records": [{"lever", "tier", "record_id",
-"verdict", "for_recipe", "why", "cases": {status: count}, "interrupted", "path"}], "verdict":
+"verdict", "for_recipe", "why", "cases": {status: count}, "interrupted", "path"}], "report" (with
+--report: its path, null where no record was written), "verdict":
 {"recipe", "verdict", "against", "changes", "levers", "not_changed", "other_changes",
 "convergence_passes"}, "exit_status", "exit_reason"}. A record's `for_recipe` is its verdict over
 the cases of the setting the recipe runs (null where no change of the recipe needs its lever), and
@@ -68,13 +72,14 @@ import torch
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.distributed import InterruptionWatch, catch_stop_signals, stop_exit_status
 from correctness.errors import CorrectnessError, RecipeError
+from correctness.files import shown_path
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
 from correctness.recipe_verdict import RecipeVerdict, judge_recipe, needed_levers, recipe_changes, tier_label, verdict_lines
 from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.report import fit_lines
-from correctness.results import PASS
+from correctness.results import PASS, records_folder
 from correctness.tiers import (  # not via the plugin: see tiers.py
     CPU_TIER, GPU, GPU_MARKERS, REQUIRE_TIERS_OPTION, STAND_IN_OPTION, recipe_gpu_tier, require_visible_gpu,
     required_tiers, stand_in_option,
@@ -106,6 +111,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(REQUIRE_TIERS_OPTION, type=required_tiers, default=None, metavar="TIER,...",
                         help="tiers that must run (cpu,megatron-cpu): a test of one that would skip for a missing"
                         " dependency fails instead")
+    parser.add_argument("--report", action="store_true",
+                        help="write the report of the records the run wrote (`correctness report`) beside them,"
+                        " as report.html, and print its path")
     parser.add_argument(STAND_IN_OPTION, type=stand_in_option, default=None, metavar="PRESENT=RECIPE",
                         help="let this GPU run the recipe GPU's tiers in its place, one of its architecture (h200=h100);"
                         " the records say so, and `correctness check` counts them as stand-in only")
@@ -291,6 +299,8 @@ def _judge(args) -> int:
               "levers": "all" if args.all_levers else needed, "results_dir": str(results), "pytest": None,
               "records": []}
     if not needed and not args.all_levers:
+        if args.report:
+            report["report"] = _write_report(args, recipe, results, [])
         verdict = judge_recipe(recipe, classification, [])
         with _report_to_stderr(args.json):
             lines = verdict_lines(verdict, recipe.gpu)
@@ -327,7 +337,25 @@ def _judge(args) -> int:
         status, pytest.ExitCode) else None
     report["pytest"] = {"arguments": command + list(args.passthrough), "exit_code": int(status), "outcome": outcome}
     report["records"] = [_record_summary(record, path, verdict) for record, path in summary.records]
+    if args.report:
+        report["report"] = _write_report(args, recipe, results, summary.records)
     return _finish(args, report, verdict, code)
+
+
+def _write_report(args, recipe: Recipe, results: Path, written: list[tuple[dict, Path]]) -> str | None:
+    """The report of the records the run wrote, in the recipe's records folder; its path, printed
+    (in --json's object instead). None where the run wrote no record."""
+    from correctness.report_page import REPORT_NAME, load_records, render_reports, write_report
+
+    if not written:
+        print(f"correctness run: no record was written, so no report for {recipe.id}", file=sys.stderr)
+        return None
+    target = records_folder(written[0][0]["recipe"], results) / REPORT_NAME
+    (rendered,) = render_reports(load_records([path for _, path in written]), target)
+    write_report(rendered)
+    if not args.json:
+        print(f"report: {shown_path(rendered.path)}", flush=True)
+    return str(rendered.path)
 
 
 def _pytest_selection(args, selection: str, results: Path, needed: list[str]) -> list[str]:

@@ -4,9 +4,9 @@
 `Curve`); `checks` runs Megatron-Bridge's five `validate_convergence` checks on two curves, with
 what that function lets through closed, plus a drift check for longer runs (`check_convergence`, a
 `ConvergenceResult`), and gives the recipe's `correctness.convergence` block (`convergence_block`)
-and the terminal table (`format_report`). The plot lives with its only user, `correctness converge`
-(correctness.commands.converge). The names below are those other modules use; the rest is
-imported from the module that defines it.
+and the terminal table (`format_report`); `picture` says what a plot of a check shows, which
+`correctness converge --plot` draws as a PNG and `correctness report --curves` as SVG. The names
+below are those other modules use; the rest is imported from the module that defines it.
 """
 
 from correctness.convergence.checks import (

@@ -79,7 +79,7 @@ def _whole_head(inputs: RopeInputs) -> RopeInputs:
     return inputs.with_freqs(megatron_freqs(inputs.shape, inputs.q.device, whole_head=True))
 
 
-def _other_pairing(inputs: RopeInputs) -> RopeInputs:
+def other_pairing(inputs: RopeInputs) -> RopeInputs:
     flipped = inputs.shape.with_changes(interleaved=not inputs.shape.interleaved)
     return inputs.with_freqs(megatron_freqs(flipped, inputs.q.device), interleaved=flipped.interleaved)
 
@@ -88,7 +88,7 @@ def _bf16_angles(inputs: RopeInputs) -> RopeInputs:
     return inputs.with_freqs(inputs.freqs.to(torch.bfloat16).float())
 
 
-def _one_row(inputs: RopeInputs) -> RopeInputs:
+def rows_as_one(inputs: RopeInputs) -> RopeInputs:
     tokens = inputs.shape.cu_seqlens[-1]
     merged = inputs.shape.with_changes(boundaries=(0, tokens))
     freqs = megatron_freqs(merged, inputs.q.device)
@@ -118,11 +118,11 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
                 why_inapplicable=_needs_fraction),
         Control(name="other pairing",
                 implementation=mutated("adjacent dims paired where the model pairs halves, or the reverse",
-                                                   _other_pairing)),
+                                                   other_pairing)),
         Control(name="angles in BF16",
                 implementation=mutated("frequencies rounded to BF16 before cos and sin", _bf16_angles)),
         Control(name="positions run across packed rows",
-                implementation=mutated("packed rows rotated as one row", _one_row),
+                implementation=mutated("packed rows rotated as one row", rows_as_one),
                 why_inapplicable=_needs_rows),
     )
 
@@ -136,7 +136,8 @@ def passed_dims_unchanged(inputs: RopeInputs, tensors) -> str | None:
     if inputs.shape.rotary_dims == inputs.shape.head_dim:
         return None
     expected = _unchanged(inputs)
-    wrong = [name for name in ("q_pass", "k_pass", "dq_pass", "dk_pass") if not torch.equal(tensors[name], expected[name])]
+    wrong = [name for name in ("q_pass", "k_pass", "dq_pass", "dk_pass")
+             if not torch.equal(tensors[name], expected[name])]
     return f"dims past the rotary fraction changed in {', '.join(wrong)}" if wrong else None
 
 
@@ -183,7 +184,8 @@ def rope_cases(recipe: Recipe, options: LeverOptions, scale: str) -> tuple[Case,
     cases = []
     for kind in rope_kinds(recipe, model):
         shape = rope_shape(recipe, model, kind, scale)
-        cases += [Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic", variant="standard-normal",
+        cases += [Case(id=f"{shape.id}-seed{seed}", shape=shape, seed=seed, source="synthetic",
+                       variant="standard-normal",
                        make_inputs=partial(make_inputs, shape, seed), **rope_memory(shape)) for seed in SEEDS]
     return tuple(cases)
 

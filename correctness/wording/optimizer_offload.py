@@ -38,7 +38,7 @@ def _short(name: str) -> str:
     return name
 
 
-def _numbers(values: list[int]) -> str:
+def number_ranges(values: list[int]) -> str:
     """0-56, 60 and 62-63."""
     runs: list[list[int]] = []
     for value in sorted(values):
@@ -65,7 +65,7 @@ def _gpu_holdings(shape: dict[str, Any]) -> str:
         owner, _, tensor = _short(name).partition("'s ")
         owners.setdefault(owner, []).append(tensor)
     parts = [f"{owner}'s {and_list(tensors)}" if tensors[0] else owner for owner, tensors in owners.items()]
-    parts += [f"layer {layer}'s {tensor} of experts {_numbers(numbers)}" for (layer, tensor), numbers in experts.items()]
+    parts += [f"layer {layer}'s {tensor} of experts {number_ranges(numbers)}" for (layer, tensor), numbers in experts.items()]
     held = [name for name in shape["gpu_tensors"] if name in vectors]
     if held:
         every = "every norm gain" if all(_is_norm(name) for name in vectors) else "every 1-D tensor"
