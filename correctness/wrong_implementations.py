@@ -6,7 +6,8 @@ Each is built on a lever's honest path: the attention backend's on the eager unf
 default's numerics, so that what fails is the wrong computation and nothing else; their backend
 names the mutation, so none is taken for the default's own kernel), the optimizer's on the offload
 split, and the fused kernels' (cross entropy, RoPE, SwiGLU, the MoE permutation, the softmax's
-precision) on each lever's own candidate, declared in its kind's `wrong.py`. `changes(case)` says
+precision), the packing levers' and the offload's second on each lever's own candidate, declared in
+its kind's `wrong.py`. `changes(case)` says
 whether the mistake changes the computation on a case (a window mistake changes nothing on a layer
 without a window), `caught_on(case)` where the suite claims to catch it: there the case must fail,
 or for a scale error be flagged `systematic`. A window one key
@@ -24,12 +25,15 @@ from correctness.adam_precision import wrong as adam_wrong
 from correctness.attention import wrong as softmax_wrong
 from correctness.attention.eager import EagerUnfused
 from correctness.attention.backend_lever import window_changed, window_too_narrow, window_too_wide
+from correctness.composites.determinism import wrong as determinism_wrong
 from correctness.cross_entropy import wrong as cross_entropy_wrong
 from correctness.fp8 import wrong as fp8_wrong
 from correctness.grad_accumulation import wrong as accumulation_wrong
 from correctness.lever import Case, Implementation, Mutated, WrongImplementation
 from correctness.grad_reduction import wrong as reduction_wrong
+from correctness.loss import wrong as loss_wrong
 from correctness.moe import wrong as permute_wrong
+from correctness.optimizer import wrong as offload_wrong
 from correctness.rope import wrong as rope_wrong
 from correctness.router import wrong as router_wrong
 from correctness.swiglu import wrong as swiglu_wrong
@@ -114,12 +118,24 @@ FUSED_KERNELS = (
     *softmax_wrong.WRONG_IMPLEMENTATIONS,
 )
 
+# A second offload mistake, the packing levers' (THD attention, the packed loss), the grouped GEMM's and
+# deterministic mode's, declared in their kinds' wrong.py, under the same rule as the fused kernels'
+# (tests/test_evidence_power.py).
+MORE_LEVERS = (
+    *offload_wrong.WRONG_IMPLEMENTATIONS,
+    *softmax_wrong.PACKING_WRONG,
+    *loss_wrong.WRONG_IMPLEMENTATIONS,
+    *permute_wrong.GROUPED_GEMM_WRONG,
+    *determinism_wrong.WRONG_IMPLEMENTATIONS,
+)
+
 # The precision levers' wrong implementations in their candidate's own format (truncation instead of
 # round to nearest, a dropped rank or microbatch, a second rounding), declared beside each lever:
 # each must fail where the honest candidate is format-limited (their levers' tests).
 CATALOGUE = (
     *_ATTENTION_AND_OFFLOAD,
     *FUSED_KERNELS,
+    *MORE_LEVERS,
     *reduction_wrong.WRONG_IMPLEMENTATIONS,
     *accumulation_wrong.WRONG_IMPLEMENTATIONS,
     *router_wrong.WRONG_IMPLEMENTATIONS,

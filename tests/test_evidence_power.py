@@ -5,16 +5,21 @@ claims it on, while the honest path beside it passes with nothing flagged. The a
 are built on the eager path here (the default's numerics, cheap on any CPU); benchmarks/evidence_power.py
 measures the same catalogue on the flash kernel for docs/evidence-power.md. The fused kernels'
 mistakes run on each lever's own candidate, at one recipe per lever and layout (the benchmark runs
-every recipe of the document's table)."""
+every recipe of the document's table), and so do the packing levers', the grouped GEMM's and
+deterministic mode's (whose candidates run three times, as its rule asks)."""
 
 import pytest
 
 from correctness import LeverOptions
 from correctness.attention import backend_lever as attention
 from correctness.attention import softmax_precision_lever as softmax_precision
+from correctness.attention import thd_packing_lever as thd_packing
 from correctness.attention.eager import EagerUnfused
+from correctness.composites.determinism import lever as deterministic_mode
 from correctness.cross_entropy import lever as cross_entropy
 from correctness.harness import run_candidates
+from correctness.loss import lever as packed_loss
+from correctness.moe import grouped_gemm_lever as grouped_gemm
 from correctness.moe import permute_lever
 from correctness.optimizer import lever as offload
 from correctness.recipe_sets import GEMMA, LLAMA, NEMOTRON, QWEN3_MOE
@@ -51,10 +56,12 @@ def test_each_wrong_implementation_is_caught_where_the_catalogue_claims_it(lever
 
 def missed_on(lever, case) -> list[str]:
     """The catalogue's mistakes of the lever that the case claims and does not catch; the honest
-    candidate, judged beside them, must pass with nothing flagged."""
+    candidate, judged beside them, must pass with nothing flagged. A lever whose rule asks for bitwise
+    repeatability runs each candidate that often (its mistakes are caught there)."""
     wrong = [entry for entry in CATALOGUE if entry.lever == lever.name and entry.changes(case)]
     honest = lever.candidate
-    results = run_candidates(lever, case, [honest] + [entry.build(honest) for entry in wrong], repeat=False)
+    results = run_candidates(lever, case, [honest] + [entry.build(honest) for entry in wrong],
+                             repeat=lever.rule.bitwise_repeatable)
     assert results[0].status in ("pass", "no kernel change"), (case.id, results[0].failures)
     assert results[0].systematic == (), case.id
     missed = []
@@ -80,8 +87,27 @@ FUSED_KERNEL_LEVERS = {
 
 @pytest.mark.parametrize("levers", FUSED_KERNEL_LEVERS.values(), ids=FUSED_KERNEL_LEVERS.keys())
 def test_each_fused_kernels_mistake_is_caught_on_every_case_it_changes(levers):
+    assert_caught_on_every_case_it_changes(levers())
+
+
+# The packing levers, the grouped GEMM and deterministic mode (its attention lever: the reduction's
+# mistakes are its controls); the offload's mistakes run case by case in the first test above.
+OTHER_LEVERS = {
+    "thd-packing": lambda: thd_packing.cpu_tier(NEMOTRON, LeverOptions()),  # flash and eager
+    "packed-loss": lambda: packed_loss.cpu_tier(NEMOTRON, LeverOptions()),
+    "moe-grouped-gemm": lambda: grouped_gemm.cpu_tier(QWEN3_MOE, LeverOptions()),
+    "deterministic-mode": lambda: deterministic_mode.cpu_tier(GEMMA, LeverOptions())[:1],
+}
+
+
+@pytest.mark.parametrize("levers", OTHER_LEVERS.values(), ids=OTHER_LEVERS.keys())
+def test_each_packing_grouped_gemm_and_determinism_mistake_is_caught_on_every_case_it_changes(levers):
+    assert_caught_on_every_case_it_changes(levers())
+
+
+def assert_caught_on_every_case_it_changes(levers) -> None:
     missed, declared, changed = [], set(), set()
-    for lever in levers():
+    for lever in levers:
         declared |= {(entry.lever, entry.name) for entry in CATALOGUE if entry.lever == lever.name}
         for case in lever.cases:
             if case.skip_reason:

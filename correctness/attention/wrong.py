@@ -11,15 +11,26 @@ backend lever's own mistakes are declared in correctness/wrong_implementations.p
 - The causal mask's diagonal masked too: each query blind to its own key (the mask built with
   `triu(diagonal=0)` where Megatron's uses 1); the first query of a row sees no key at all and, the
   mask filling -10000 rather than -inf, spreads its weight evenly over every key.
+
+Packed rows (the thd-packing lever, on its packed candidate, SDPA's flash CPU kernel or the eager path):
+- The first boundary one token early: cu_seqlens built with an off-by-one (the first row's length
+  less one), so the first row's last token is taken as the second row's first: that query loses its
+  own row, and every query of the second row sees one key of the first. (The lever's control "boundary
+  one token late" is the mirror mistake.)
+- The backward run without the row boundary: the forward attends each row on its own, the backward
+  (dq, dk, dv) is computed as if the packed rows were one causal sequence, as a kernel whose backward
+  is not handed cu_seqlens would; `out` is right.
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from correctness.attention import thd_packing_lever as packing
+from correctness.attention.inputs import AttentionInputs
 from correctness.attention.megatron_softmax import MegatronAttention
 from correctness.attention.softmax_precision_lever import NAME
-from correctness.lever import ImplementationOutput, WrongImplementation
+from correctness.lever import Case, Implementation, ImplementationOutput, Mutated, WrongImplementation
 
 MASK_AFTER_SOFTMAX = "the mask applied after the softmax"
 DIAGONAL_MASKED = "the causal mask's diagonal masked too"
@@ -88,4 +99,50 @@ def _wrong_softmax(mistake: str):
 
 WRONG_IMPLEMENTATIONS = tuple(
     WrongImplementation(name=mistake, lever=NAME, build=_wrong_softmax(mistake)) for mistake in MISTAKES
+)
+
+
+BOUNDARY_EARLY = "the first row boundary one token early"
+BACKWARD_UNPACKED = "the backward run without the row boundary"
+
+
+def boundary_one_early(shape) -> tuple[int, ...]:
+    bounds = list(shape.cu_seqlens)
+    bounds[1] -= 1
+    return tuple(bounds)
+
+
+def _boundary_early(inputs: AttentionInputs) -> AttentionInputs:
+    return inputs.with_shape(boundaries=boundary_one_early(inputs.shape))
+
+
+@dataclass(frozen=True)
+class BackwardWithoutBoundary:
+    """`base`'s forward on the packed rows, its gradients from a run with no row boundary."""
+
+    base: Implementation
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name} ({BACKWARD_UNPACKED})"
+
+    def run(self, inputs: AttentionInputs) -> ImplementationOutput:
+        right = self.base.run(inputs)
+        unpacked = self.base.run(inputs.with_shape(boundaries=packing.without_boundary(inputs.shape)))
+        tensors = {name: tensor if name == "out" else unpacked.tensors[name] for name, tensor in right.tensors.items()}
+        return ImplementationOutput(tensors=tensors, backend=f"{right.backend} (wrong: {BACKWARD_UNPACKED})",
+                                    details={**right.details, "mistake": BACKWARD_UNPACKED})
+
+
+def _two_rows(case: Case) -> bool:
+    return packing.needs_two_rows(case) is None
+
+
+PACKING_WRONG = (
+    WrongImplementation(
+        name=BOUNDARY_EARLY, lever=packing.NAME, changes=_two_rows, caught_on=_two_rows,
+        build=lambda honest: Mutated(base=honest, mutation="first boundary one token early", mutate=_boundary_early),
+    ),
+    WrongImplementation(name=BACKWARD_UNPACKED, lever=packing.NAME, build=BackwardWithoutBoundary,
+                        changes=_two_rows, caught_on=_two_rows),
 )

@@ -17,13 +17,25 @@ benchmarks/evidence_power.py, docs/evidence-power.md).
   (p^2 x row, as a kernel that scales a row when it gathers it and again when it adds it), and its
   backward gives each row p^2 x its token's gradient; the weights' own gradient is left right. Only
   the sums lever's weighted combine and its rows' gradient change.
+
+The grouped GEMM (`moe-grouped-gemm`, on its candidate, torch's grouped matmul):
+- The offsets shifted by one expert: each expert's row count taken from the expert before it
+  (tokens_per_expert rolled by one, the first expert taking the last's), as offsets built from a
+  count array read one slot off. The counts still sum to the rows, so no shape gives it away; rows
+  meet the wrong expert's weights wherever two neighbouring counts differ (every case: one local
+  expert receives no token).
+- An empty expert's weight gradients not written: a grouped GEMM that skips an empty group leaves its
+  weight-gradient buffers holding what was there, here the gradients of the expert before it (a
+  reused buffer), where they must be zero. It changes every case with an empty local expert.
 """
 
 from dataclasses import dataclass, replace
 
 import torch
 
-from correctness.lever import Implementation, ImplementationOutput, Mutated, WrongImplementation
+from correctness.lever import Case, Implementation, ImplementationOutput, Mutated, WrongImplementation
+from correctness.moe import grouped_gemm_lever as grouped_gemm
+from correctness.moe.experts import EMPTY_LOCAL_EXPERT, ExpertsInputs
 from correctness.moe.permutation import PermuteInputs
 from correctness.moe.permute_lever import EXACT_NAME, SUMS_NAME
 
@@ -88,4 +100,39 @@ WRONG_IMPLEMENTATIONS = (
                         build=_combining(ANOTHER_ROUTING, _next_tokens_routing, COMBINE_TENSORS)),
     WrongImplementation(name=PROBS_TWICE, lever=SUMS_NAME,
                         build=_combining(PROBS_TWICE, _probs_squared, WEIGHTED_TENSORS)),
+)
+
+
+OFFSETS_SHIFTED = "the grouped GEMM's offsets shifted by one expert"
+EMPTY_EXPERT_STALE = "an empty expert's weight gradients not written"
+
+
+def _counts_shifted(inputs: ExpertsInputs) -> ExpertsInputs:
+    return replace(inputs, counts=inputs.counts[-1:] + inputs.counts[:-1])
+
+
+def _empty_experts_stale(inputs: ExpertsInputs, tensors) -> dict[str, torch.Tensor]:
+    """Each expert with no row given the weight gradients of the expert before it (the first, the one after)."""
+    stale = dict(tensors)
+    for expert, count in enumerate(inputs.counts):
+        if count == 0:
+            source = expert - 1 if expert > 0 else expert + 1
+            for fc in ("fc1", "fc2"):
+                stale[f"grad_{fc}_weight{expert}"] = tensors[f"grad_{fc}_weight{source}"].clone()
+    return stale
+
+
+def _has_empty_expert(case: Case) -> bool:
+    return case.shape.local_experts > EMPTY_LOCAL_EXPERT
+
+
+GROUPED_GEMM_WRONG = (
+    WrongImplementation(name=OFFSETS_SHIFTED, lever=grouped_gemm.NAME, changes=_has_empty_expert,
+                        caught_on=_has_empty_expert,
+                        build=lambda honest: Mutated(base=honest, mutation="offsets one expert off",
+                                                     mutate=_counts_shifted)),
+    WrongImplementation(name=EMPTY_EXPERT_STALE, lever=grouped_gemm.NAME, changes=_has_empty_expert,
+                        caught_on=_has_empty_expert,
+                        build=lambda honest: Mutated(base=honest, mutation="empty expert's wgrad stale",
+                                                     change_outputs=_empty_experts_stale)),
 )
