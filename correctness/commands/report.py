@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise CorrectnessError(f"--curves is for one recipe's report; the records are of {len(recipes)} recipes")
     reports = render_reports(records, args.output, tuple(args.curves) if args.curves else None, args.thresholds)
     written = [(report, write_report(report)) for report in reports]
-    lines = [f"report {report.recipe}: {shown_path(report.path)} ({len(report.html.encode()):,} bytes,"
-             f" {report.records} records)" for report, _ in written]
+    # The recipe's id is in its records folder's name: the line names the path alone, as `run --report` does.
+    lines = [f"report: {shown_path(report.path)} ({len(report.html.encode()):,} bytes, {report.records} records)"
+             for report, _ in written]
     data = {"reports": [{"recipe": report.recipe, "path": str(report.path), "bytes": len(report.html.encode()),
                          "records": report.records} for report, _ in written]}
     emit(args, lines, data, wrap=False)  # a path whole on its line, however long
