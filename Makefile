@@ -28,6 +28,7 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# On every core, as `make test` (pytest-xdist workers; each lever's records merged into one).
 # Its summary opens with each seed recipe's verdict (what the recipe changed against its reference,
 # judged on the levers those changes need), then every lever's verdict table; pytest's own short
 # summary lists failures only (the tables say what skipped and why), without the libraries' warnings.
@@ -37,7 +38,7 @@ install: $(VENV)/.installed
 STARTED := $(VENV)/.component-tests-started
 component-tests: install
 	touch $(STARTED)
-	$(BIN)/python -m pytest component_tests -rfE --disable-warnings --require-tiers $(REQUIRED_TIERS); \
+	$(BIN)/python -m pytest component_tests -n auto -rfE --disable-warnings --require-tiers $(REQUIRED_TIERS); \
 	status=$$?; \
 	$(BIN)/correctness report $$(find results -name '*.json' -newer $(STARTED) -not -path '*/.*') || status=$$?; \
 	exit $$status

@@ -32,6 +32,7 @@ from correctness.catalogue import lever_reads
 from correctness.compare import Baseline, OutputsAccumulator, RunSpread, SpreadAccumulator, outputs_baselines
 from correctness.errors import ImplementationUnavailable
 from correctness.lever import Case, Lever, Implementation, ImplementationOutput, Streamed, runs_backend
+from correctness.memory import release_freed_memory
 from correctness.provenance import provenance
 from correctness.recipe_binding import bound_ref
 from correctness.results import (
@@ -641,9 +642,12 @@ def _run_candidates(
     error: str | None = None
     try:
         inputs = case.make_inputs(schedule.device)
-        for unit in inputs.units if isinstance(inputs, Streamed) else (inputs,):
+        streamed = isinstance(inputs, Streamed)
+        for unit in inputs.units if streamed else (inputs,):
             if not schedule.run_unit(unit):
                 break
+            if streamed:
+                release_freed_memory()  # else the C heap keeps every unit's freed tensors
     except ImplementationUnavailable as unavailable:  # the reference, the default or a control refuses: no judgement
         return tuple(_not_judged(case, started, skip_reason=str(unavailable)) for _ in candidates)
     except _ImplementationError as path_error:
@@ -822,6 +826,7 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "cases": [case.id for case in lever.cases],
         "optional_cases": [case.id for case in lever.cases if not case.required],
         "compares_kernels": lever.compares_kernels,
+        "scale": lever.scale if lever.tier.device == "cpu" else "recipe",
         "rule": {
             "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason,
             "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,

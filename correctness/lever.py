@@ -8,7 +8,7 @@ never looks inside them.
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +16,7 @@ import torch
 
 from correctness import memory
 from correctness.compare import Slicing
-from correctness.errors import ShapeError
+from correctness.errors import OverMemory
 from correctness.results import CaseResult, RecipeRef
 from correctness.rule import DEFAULT_RULE, Rule
 
@@ -179,13 +179,31 @@ class NotApplicable(ValueError):
 class LeverOptions:
     """What a user chooses at run time, handed to lever factories: the folder of captured
     attention inputs and the model's Hugging Face checkpoint, where given, a recipe file to run in
-    place of the component tests' fixture recipes, and the model facts of its model (from
-    --model-config) where the suite has none of its own."""
+    place of the component tests' fixture recipes, the model facts of its model (from
+    --model-config) where the suite has none of its own, and the scale the CPU tiers run at
+    (`--scale`: "smoke", their own small shapes, or "recipe", the recipe's rank-local shapes; the
+    GPU tiers run at the recipe's always)."""
 
     checkpoint_dir: Path | None = None
     model_checkpoint: Path | None = None
     recipe: Any = None  # a user's recipe (correctness.recipes.Recipe), run in place of the fixture recipes
     model: Any = None  # correctness.models.ModelFacts from --model-config, for the recipe's model
+    scale: str = "smoke"
+
+    def __post_init__(self):
+        if self.scale not in SCALES:
+            raise ValueError(f"lever options: scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
+
+    def at_scale(self, smoke: Any, recipe: Any) -> Any:
+        """A CPU tier's shape choice: `smoke` at the smoke scale, `recipe` at the recipe's."""
+        return recipe if self.scale == "recipe" else smoke
+
+    def recorded(self, levers: Iterable["Lever"]) -> list["Lever"]:
+        """The levers a factory built with these options, each to record the scale it was built at."""
+        return [replace(lever, scale=self.scale) for lever in levers]
+
+
+SCALES = ("smoke", "recipe")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +256,9 @@ class Lever:
     # The candidate's narrower format, where it has one (correctness.lever.FormatFloor): a case
     # whose candidate fails the rule only as its format must is `format-limited`, not `fail`.
     format_floor: FormatFloor | None = None
+    # The scale its cases were built at, as recorded: "smoke" or "recipe" (LeverOptions.scale; the
+    # pytest plugin sets it from --scale). A GPU tier's cases are at the recipe's scale always.
+    scale: str = "smoke"
 
     def __post_init__(self):
         if not isinstance(self.tier, Tier):
@@ -248,6 +269,8 @@ class Lever:
             raise ValueError(f"lever {self.name}: declares no negative controls, so its test could not fail")
         if not self.cases:
             raise ValueError(f"lever {self.name}: declares no cases")
+        if self.scale not in SCALES:
+            raise ValueError(f"lever {self.name}: scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
         ids = [case.id for case in self.cases]
         if len(set(ids)) != len(ids):
             raise ValueError(f"lever {self.name}: case ids repeat: {sorted(i for i in ids if ids.count(i) > 1)}")
@@ -255,7 +278,7 @@ class Lever:
             self._refuse_cases_over_memory()
 
     def _refuse_cases_over_memory(self) -> None:
-        """ShapeError (one line) where a case that would run is estimated to need more memory than
+        """OverMemory (one line) where a case that would run is estimated to need more memory than
         this machine has available (correctness.memory)."""
         estimated = [case for case in self.cases if case.memory_bytes is not None and case.skip_reason is None]
         if not estimated:
@@ -264,7 +287,7 @@ class Lever:
         largest = max(estimated, key=lambda case: case.memory_bytes)
         if available is not None and largest.memory_bytes > available:
             driver = f" ({largest.memory_driver})" if largest.memory_driver else ""
-            raise ShapeError(
+            raise OverMemory(
                 f"lever {self.name}: case {largest.id} needs about {memory.shown(largest.memory_bytes)}{driver}, more"
                 f" than the {memory.shown(available)} of memory available here ({memory.available_source()})")
 

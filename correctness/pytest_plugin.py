@@ -49,10 +49,10 @@ import torch
 
 from correctness.catalogue import lever_catalogue
 from correctness.distributed import InterruptionWatch, catch_stop_signals, rank_server_pid, stop_rank_server
-from correctness.errors import CorrectnessError
+from correctness.errors import CorrectnessError, OverMemory
 from correctness.files import shown_path
 from correctness.harness import build_record, device_fault, not_run, run_case
-from correctness.lever import Case, Lever, LeverOptions, NotApplicable
+from correctness.lever import SCALES, Case, Lever, LeverOptions, NotApplicable
 from correctness.models import load_facts
 from correctness.provenance import gpu_type
 from correctness.report import case_report, fit_lines, verdict_table
@@ -101,6 +101,11 @@ def pytest_addoption(parser):
         action="store_true",
         default=False,
         help="fail a case whose candidate the systematic-error diagnostic flags (by default it is reported only)",
+    )
+    group.addoption(
+        "--scale", default="smoke", choices=SCALES,
+        help="the CPU tiers' shapes: smoke (their own small shapes, the default) or recipe (the recipe's rank-local"
+        " shapes; a lever whose case would need more memory than this machine has skips, naming it)",
     )
     group.addoption(
         "--wide",
@@ -209,19 +214,25 @@ def _read_options(config) -> LeverOptions:
         model_checkpoint=Path(model) if model else None,
         recipe=load_recipe(recipe) if recipe else None,
         model=load_facts(facts) if facts else None,
+        scale=config.getoption("scale"),
     )
 
 
-def _levers(factory, options: LeverOptions) -> tuple[list[Lever], str | None]:
-    """The factory's levers, and the reason where its lever does not apply to the recipe. With
-    --recipe every test's factory builds its levers from that one recipe, so a test that names
+def _levers(factory, options: LeverOptions) -> tuple[list[Lever], tuple[str, str] | None]:
+    """The factory's levers, or why its test skips: (id, reason) where its lever does not apply to
+    the recipe, or at the recipe scale where a case would need more memory than this machine has.
+    With --recipe every test's factory builds its levers from that one recipe, so a test that names
     several fixture recipes gets the same lever from each: it is kept once."""
     try:
         levers = factory(options)
     except NotApplicable as reason:
-        return [], str(reason)
+        return [], ("not-applicable", str(reason))
+    except OverMemory as refusal:
+        if options.scale != "recipe":
+            raise
+        return [], ("over-memory", f"at the recipe scale: {refusal}")
     unique: dict[str, Lever] = {}
-    for lever in levers:
+    for lever in options.recorded(levers):
         unique.setdefault(f"{lever.record_id}|{lever.recipe.id}", lever)
     return list(unique.values()), None
 
@@ -248,15 +259,16 @@ def pytest_generate_tests(metafunc):
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: write the marker as levers(factory=...)"
                                 " or levers(factory=..., lever=NAME)")
     options = lever_options(metafunc.config)
-    levers, not_applicable = _levers(marker.kwargs["factory"], options)
+    levers, skipped = _levers(marker.kwargs["factory"], options)
     declared = declared_levers(metafunc.definition)
     stray = sorted({lever.name for lever in levers} - set(declared)) if declared else []
     if stray:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: its factory builds {', '.join(stray)}, which its marker"
                                 f" does not declare ({', '.join(declared_levers(metafunc.definition))})")
-    if not_applicable is not None:
-        metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=pytest.mark.skip(reason=not_applicable))],
-                             ids=["not-applicable"])
+    if skipped is not None:
+        skip_id, reason = skipped
+        metafunc.parametrize(("lever", "case"), [pytest.param(None, None, marks=pytest.mark.skip(reason=reason))],
+                             ids=[skip_id])
         return
     metafunc.parametrize(("lever", "case"), [
         pytest.param(

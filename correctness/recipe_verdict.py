@@ -50,6 +50,7 @@ class LeverEvidence:
     format: str | None  # the candidate's narrower format, where a record is format-limited
     reasons: tuple[str, ...]  # where no record was written: why its tests skipped
     runs_default: bool = False  # the recipe runs the lever's default side: judged by the rule turned round
+    scales: tuple[str, ...] = ()  # the scales its records' cases were built at ("smoke", "recipe")
 
     @property
     def verdict(self) -> str:
@@ -69,7 +70,8 @@ class LeverEvidence:
     def to_dict(self) -> dict[str, Any]:
         return {"lever": self.lever, "verdict": self.verdict, "format": self.format, "flags": list(self.flags),
                 "tiers": [{"tier": tier, "verdict": verdict} for tier, verdict in self.tiers],
-                "devices": list(self.device), "reasons": list(self.reasons), "runs_default": self.runs_default}
+                "devices": list(self.device), "scales": list(self.scales), "reasons": list(self.reasons),
+                "runs_default": self.runs_default}
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,18 @@ class RecipeVerdict:
 
     @property
     def on_cpu_only(self) -> bool:
-        """Every record of a needed lever ran on a CPU: evidence at the smoke scale, not the recipe GPU's."""
+        """Every record of a needed lever ran on a CPU: evidence on another device than the recipe GPU."""
         devices = {device for lever in self.levers for device in lever.device}
         return bool(devices) and devices == {"cpu"}
+
+    @property
+    def cpu_scale(self) -> str:
+        """The scale of the needed levers' records, as the verdict says it: at the smoke scale, at
+        the recipe's scale, or partly at each (--scale recipe where some levers refused it)."""
+        scales = {scale for lever in self.levers for scale in lever.scales}
+        if scales == {"recipe"}:
+            return "at the recipe's scale"
+        return "partly at the smoke scale, partly at the recipe's" if "recipe" in scales else "at the smoke scale"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +183,7 @@ def _evidence(lever: str, flags: tuple[str, ...], records: list[LeverRecord], re
         tiers=tuple((tier_label(record.lever, record.provenance), verdict) for record, verdict in zip(records, verdicts)),
         runs_default=bool(flags) and any(case.recipe_runs == "default" for record in records for case in record.cases),
         device=tuple(dict.fromkeys(record.provenance["device"]["type"] for record in records)),
+        scales=tuple(dict.fromkeys(record.lever.get("scale", "smoke") for record in records)),
         format=formats[0] if formats else None,
         reasons=tuple(dict.fromkeys(reasons)) if not records else (),
     )
@@ -230,7 +242,7 @@ def verdict_lines(verdict: RecipeVerdict, gpu: str) -> list[str]:
         if not change.levers:
             lines.append(f"  {change.flag}: no component test covers it; its evidence is a convergence run")
     if verdict.levers and verdict.on_cpu_only:
-        lines.append(f"  CPU evidence at the smoke scale: the recipe's own verdict (`correctness check`) asks for its {gpu}"
+        lines.append(f"  CPU evidence {verdict.cpu_scale}: the recipe's own verdict (`correctness check`) asks for its {gpu}"
                      " results")
     if verdict.catalogue:
         lines.append("  not changed by this recipe (evidence about each lever's flags, never this recipe's verdict):")

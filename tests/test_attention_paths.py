@@ -110,6 +110,32 @@ def test_eager_path_keeps_logits_in_the_input_dtype():
     )[0]
 
 
+CHUNKED_SHAPES = {
+    "bshd-gqa-window": tiny_shape(dtype="bf16", seq_len=64, head_dim=32, heads=6, groups=2),
+    "thd": tiny_shape(dtype="bf16", seq_len=48, head_dim=32, heads=6, groups=3, qkv_format="thd"),
+    "softcap": tiny_shape(dtype="bf16", seq_len=64, head_dim=32, window=None, softcap=0.5),
+    "sinks": tiny_shape(dtype="bf16", seq_len=64, head_dim=32, sinks=True),
+}
+
+
+@pytest.mark.parametrize("pairs", [1, 5])
+@pytest.mark.parametrize("name", sorted(CHUNKED_SHAPES))
+def test_the_eager_path_run_in_chunks_of_heads_is_bitwise_one_run(name, pairs, monkeypatch):
+    """At the recipe scale the eager path runs a few (row, head) pairs at a time (eager.SCORE_CHUNK_BYTES):
+    its outputs must be those of one run bit for bit, with a chunk that divides the pairs and one that does not."""
+    inputs = synthetic_inputs(CHUNKED_SHAPES[name], seed=1, device=CPU, variant="model-like")
+    whole = EagerUnfused().run(inputs).tensors
+    shape = inputs.shape
+    keys = shape.tokens + (1 if shape.sinks else 0)
+    monkeypatch.setattr(eager_module, "SCORE_CHUNK_BYTES", pairs * eager_module.SCORE_BYTES * shape.tokens * keys)
+    rows = 1 if shape.qkv_format == "thd" else shape.batch
+    assert eager_module.pairs_per_chunk(rows * shape.heads, shape.tokens, keys) == pairs
+    chunked = EagerUnfused().run(inputs).tensors
+    assert set(chunked) == set(whole)
+    for tensor, expected in whole.items():
+        assert torch.equal(chunked[tensor], expected), f"{tensor} differs run in chunks of {pairs} pairs on {name}"
+
+
 def brute_force_visible(shape: AttentionShape) -> torch.Tensor:
     n = shape.batch * shape.seq_len if shape.qkv_format == "thd" else shape.seq_len
     left, right = shape.window or (-1, -1)

@@ -131,3 +131,15 @@ def test_the_scale_error_is_flagged_systematic_and_fails_only_when_strict():
     assert out.systematic.flagged and out.systematic.slope > out.systematic.slope_threshold
     assert not any("systematic error" in failure for failure in plain.failures)
     assert any("candidate out: systematic error (whole): slope +" in failure for failure in strict.failures)
+
+
+def test_the_readmes_levers_table_counts_each_levers_wrong_implementations_as_the_catalogue_declares():
+    from collections import Counter
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("| lever | flags | evidence | CPU verdict | wrong implementations caught |"):]
+    rows = [line.split(" | ") for line in table[:table.index("\n\n")].splitlines()[2:]]
+    shown = {row[0].removeprefix("| "): int(row[4].split()[0]) for row in rows}
+    declared = Counter(wrong.lever for wrong in CATALOGUE)
+    assert shown == dict(declared) and min(declared.values()) >= 2

@@ -334,9 +334,10 @@ def precision_lever(
     )
 
 
-def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
-    """Smoke scale on the CPU: TE FusedAdam's storage emulated (EmulatedFusedAdam)."""
-    setting = gpu_share_setting(recipe_id, scale, options)
+def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale | None = None) -> list[Lever]:
+    """On the CPU (smoke scale, or the recipe's with --scale recipe): TE FusedAdam's storage emulated
+    (EmulatedFusedAdam)."""
+    setting = gpu_share_setting(recipe_id, scale or options.at_scale(SMOKE, RECIPE), options)
     return [precision_lever(setting, tier=tiers.CPU, path=EmulatedFusedAdam, keep_units=True)]
 
 

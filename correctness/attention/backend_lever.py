@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from correctness.attention.claims import expected_te_backends
-from correctness.attention.eager import EagerUnfused
+from correctness.attention.eager import SCORE_BYTES, EagerUnfused, pairs_per_chunk
 from correctness.attention.judging import SINGLE_KEY_ROWS, SLICING
 from correctness.attention.inputs import AttentionInputs, checkpoint_file, checkpoint_inputs, synthetic_inputs
 from correctness.attention.reference import Fp64Reference
@@ -61,31 +61,37 @@ CHECKPOINT_GRAD_SEED = 0
 GPU_SDPA_BACKENDS = ("flash", "efficient", "cudnn")
 
 
-# Peak bytes per element of the eager unfused path's score-sized arrays (the default runs on every
-# case): the logits in the input dtype, masked in FP32, the FP32 probabilities, their rounding to
-# the dtype, the mask, and in the backward the FP32 gradient of each; and per element of a
-# token-sized tensor (q, k, v, the output and their gradients): the seeded FP32 draws, the inputs,
-# each path's outputs (the FP64 reference's at 8 bytes) and the judge's FP64 copies. Measured on
-# the CPU (8 heads, d 128, BSHD): 391 MB, 865 MB and 2.96 GB at 1,024, 2,048 and 4,096 tokens,
-# against estimates of 436 MB, 1.14 GB and 3.76 GB.
-SCORE_BYTES = 24
+# Peak bytes per element of a token-sized tensor (q, k, v, the output and their gradients): the
+# seeded FP32 draws, the inputs, each path's outputs (the FP64 reference's at 8 bytes) and the
+# judge's FP64 copies; and per score of the S x S masks every path shares (the boolean visibility,
+# SDPA's float copy of it). The score-sized arrays are eager.SCORE_BYTES each. Measured on the CPU
+# (8 heads, d 128, BSHD): 391 MB, 865 MB and 2.96 GB at 1,024, 2,048 and 4,096 tokens, against
+# estimates of 436 MB, 1.14 GB and 3.76 GB.
 TOKEN_BYTES = 96
+MASK_BYTES = 5
 
 
-def attention_memory(shape: AttentionShape) -> tuple[int, str]:
-    """A case's estimated peak bytes and the shape field that makes them: the S x S scores of every
-    head (one packed sequence of all rows in THD), the token-sized tensors, and the FP64
-    reference's query blocks (references.attention.WORKING_SET_BYTES, P and dP/dS)."""
+def attention_memory(shape: AttentionShape, whole_head_scores: bool = False) -> tuple[int, str]:
+    """A case's estimated peak bytes and the shape field that makes them: the S x S scores (one packed
+    sequence of all rows in THD) of the eager path's chunk of heads (eager.pairs_per_chunk), or
+    with `whole_head_scores` of every head at once (TE's and Megatron's unfused attention hold them
+    all), the masks, the token-sized tensors, and the FP64 reference's query blocks
+    (references.attention.WORKING_SET_BYTES, P and dP/dS)."""
     rows = shape.batch if shape.qkv_format == "bshd" else 1
-    scores = rows * shape.heads * shape.tokens * shape.tokens
+    keys = shape.tokens + (1 if shape.sinks else 0)
+    pairs = rows * shape.heads
+    held = pairs if whole_head_scores else pairs_per_chunk(pairs, shape.tokens, keys)
     tokens = shape.batch * shape.seq_len * shape.heads * max(shape.head_dim, shape.v_head_dim)
-    estimate = SCORE_BYTES * scores + TOKEN_BYTES * tokens + 2 * WORKING_SET_BYTES
-    return estimate, f"seq_len {shape.seq_len}: {shape.heads} heads' {shape.tokens} x {shape.tokens} scores"
+    estimate = (SCORE_BYTES * held * shape.tokens * keys + MASK_BYTES * shape.tokens * shape.tokens
+                + TOKEN_BYTES * tokens + 2 * WORKING_SET_BYTES)
+    what = f"{shape.heads} heads'" if held == pairs else f"{held} of {pairs} heads' (a chunk at a time)"
+    return estimate, f"seq_len {shape.seq_len}: {what} {shape.tokens} x {shape.tokens} scores"
 
 
-def synthetic_case(shape: AttentionShape, seed: int, variant: str, expected_backend: str | None = None) -> Case:
+def synthetic_case(shape: AttentionShape, seed: int, variant: str, expected_backend: str | None = None,
+                   whole_head_scores: bool = False) -> Case:
     suffix = "" if variant == "model-like" else f"-{variant}"
-    memory_bytes, memory_driver = attention_memory(shape)
+    memory_bytes, memory_driver = attention_memory(shape, whole_head_scores)
     return Case(
         id=f"{shape.id}{suffix}-seed{seed}",
         shape=shape,
@@ -107,12 +113,12 @@ def checkpoint_layers(model: ModelFacts, kind: str) -> tuple[int, ...]:
 
 def checkpoint_case(
     shape: AttentionShape, layer: int, folder: Path | None, recipe_groups: int | None = None,
-    expected_backend: str | None = None,
+    expected_backend: str | None = None, whole_head_scores: bool = False,
 ) -> Case:
     """A case on captured inputs (correctness capture-attention). `recipe_groups`: the key-value groups
     of the recipe-scale rank-local slice the capture holds (None: the shape's own, a recipe-scale shape)."""
     path = None if folder is None else checkpoint_file(folder, layer)
-    memory_bytes, memory_driver = attention_memory(shape)
+    memory_bytes, memory_driver = attention_memory(shape, whole_head_scores)
     return Case(
         id=f"{shape.id}-layer{layer:02d}",
         shape=shape,
@@ -134,23 +140,22 @@ def checkpoint_case(
 
 def attention_cases(
     recipe: Recipe, model: ModelFacts, scale: Scale, options: LeverOptions, expected: Mapping[str, str],
-    seeds: tuple[int, ...] = SYNTHETIC_SEEDS,
+    seeds: tuple[int, ...] = SYNTHETIC_SEEDS, whole_head_scores: bool = False,
 ) -> tuple[Case, ...]:
     """`expected`: layer kind -> the backend the candidate must run there (empty: no claim);
-    `seeds`: those of the model-like cases."""
+    `seeds`: those of the model-like cases; `whole_head_scores`: a path of the lever holds every
+    head's scores at once (attention_memory)."""
     cases = []
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
-        cases += [synthetic_case(shape, seed, "model-like", expected.get(kind)) for seed in seeds]
-        if shape.window is not None:
-            cases.append(synthetic_case(shape, WINDOW_EDGE_SEED, "window-edge", expected.get(kind)))
-        if shape.softcap is not None:
-            cases.append(synthetic_case(shape, BEYOND_CAP_SEED, "beyond-cap", expected.get(kind)))
+        made = [(seed, "model-like") for seed in seeds] + [(WINDOW_EDGE_SEED, "window-edge")] * (shape.window is not None)
+        made += [(BEYOND_CAP_SEED, "beyond-cap")] * (shape.softcap is not None)
+        cases += [synthetic_case(shape, seed, variant, expected.get(kind), whole_head_scores) for seed, variant in made]
     for kind in model.attention_kinds:
         shape = attention_shape(recipe, model, kind, scale)
         recipe_groups = model.attention_kind(kind).kv_heads // recipe.tp
         cases += [
-            checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups, expected.get(kind))
+            checkpoint_case(shape, layer, options.checkpoint_dir, recipe_groups, expected.get(kind), whole_head_scores)
             for layer in checkpoint_layers(model, kind)
         ]
     return tuple(cases)
@@ -246,9 +251,10 @@ def controls(candidate: Implementation) -> tuple[Control, ...]:
 
 def attention_backend_lever(
     *, recipe: Recipe, tier: Tier, scale: Scale, candidate: Implementation, default: Implementation,
-    options: LeverOptions, description: str, claims: bool = False,
+    options: LeverOptions, description: str, claims: bool = False, whole_head_scores: bool = False,
 ) -> Lever:
-    """`claims`: the candidate must run the backend the recipe says runs on each layer kind."""
+    """`claims`: the candidate must run the backend the recipe says runs on each layer kind;
+    `whole_head_scores`: the default holds every head's scores at once (attention_memory)."""
     model = facts_for(recipe, options.model)
     expected = expected_te_backends(recipe, model) if claims else {}
     return Lever(
@@ -257,7 +263,7 @@ def attention_backend_lever(
         tier=tier,
         description=description,
         recipe=recipe.ref_for(model),
-        cases=attention_cases(recipe, model, scale, options, expected),
+        cases=attention_cases(recipe, model, scale, options, expected, whole_head_scores=whole_head_scores),
         candidate=candidate,
         default=default,
         reference=Fp64Reference(),
@@ -269,13 +275,14 @@ def attention_backend_lever(
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation | None = None) -> list[Lever]:
-    """Smoke scale on the CPU: SDPA's flash CPU kernel (FP32 logits), or the given candidate
-    (any path taking AttentionInputs), against the eager unfused path."""
+    """On the CPU at the smoke scale (the recipe's with --scale recipe): SDPA's flash CPU kernel
+    (FP32 logits), or the given candidate (any path taking AttentionInputs), against the eager
+    unfused path."""
     recipe = lever_recipe(recipe_id, options.recipe)
     what = "torch SDPA's flash CPU kernel" if candidate is None else candidate.name
     return [
         attention_backend_lever(
-            recipe=recipe, tier=tiers.CPU, scale=SMOKE_SCALE,
+            recipe=recipe, tier=tiers.CPU, scale=options.at_scale(SMOKE_SCALE, RECIPE_SCALE),
             candidate=candidate or Sdpa("flash"), default=EagerUnfused(), options=options,
             description=f"{what} against an eager unfused attention and an FP64 reference",
         )
@@ -283,14 +290,15 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation | 
 
 
 def te_cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """Smoke scale on the CPU with Transformer Engine 2.17's own Python (correctness.te_on_cpu): the
-    CPU tier's candidate against TE's DotProductAttention forced to its unfused backend, the
+    """On the CPU at the smoke scale (the recipe's with --scale recipe) with Transformer Engine 2.17's
+    own Python (correctness.te_on_cpu): the CPU tier's candidate against TE's DotProductAttention forced to its unfused backend, the
     reference recipe's own path (--attention-backend unfused). TE has no logit softcap on any
     backend: a softcapped layer kind's cases are optional here and skip saying so."""
     recipe = lever_recipe(recipe_id, options.recipe)
     lever = attention_backend_lever(
-        recipe=recipe, tier=tiers.TE_CPU, scale=SMOKE_SCALE,
+        recipe=recipe, tier=tiers.TE_CPU, scale=options.at_scale(SMOKE_SCALE, RECIPE_SCALE),
         candidate=Sdpa("flash"), default=TransformerEngine("unfused", on_cpu=True), options=options,
+        whole_head_scores=True,
         description="torch SDPA's flash CPU kernel against Transformer Engine 2.17's own unfused attention (its Python"
                     " on the CPU) and an FP64 reference",
     )

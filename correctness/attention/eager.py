@@ -21,6 +21,15 @@ Features TE's unfused path has or that the models' own eager code adds, in the s
   to FP32 (TE keeps `softmax_offset` in FP32); in the sink's column it passes through the
   logits' dtype, as in TE;
 - V of its own head dim (MLA) needs nothing: the second GEMM takes it as it is.
+
+Memory: the score-sized arrays (the logits, their FP32 masked copy and probabilities, the rounded
+probabilities, and in the backward the gradient of each) take SCORE_BYTES per score. Where every
+(row, head) pair's scores would pass SCORE_CHUNK_BYTES (the recipe scale: Gemma 4's 16 heads of
+8,192 x 8,192 scores take 26 GB) the path runs as many pairs at a time as fit, at least one, each
+chunk's forward and backward before the next, and sends the chunks' gradients of q, k, v (and the
+sinks' column) through the same K/V repetition and layout changes as one run would: every GEMM,
+softmax and sum sees the same values, so the outputs are bitwise those of one run
+(tests/test_attention_paths.py holds it).
 """
 
 from dataclasses import dataclass
@@ -32,6 +41,15 @@ from correctness.attention.masks import from_heads_first, to_heads_first, visibl
 from correctness.lever import ImplementationOutput
 
 MASKED_LOGIT = -10000.0  # TE's attention_mask_func fill value
+# Peak bytes per score of the score-sized arrays (see Memory above); measured on the CPU with the
+# token-sized tensors (correctness.attention.backend_lever.attention_memory).
+SCORE_BYTES = 24
+SCORE_CHUNK_BYTES = 2 * 2**30
+
+
+def pairs_per_chunk(pairs: int, queries: int, keys: int) -> int:
+    """How many (row, head) pairs of `queries` x `keys` scores the path runs at a time."""
+    return max(1, min(pairs, SCORE_CHUNK_BYTES // (SCORE_BYTES * queries * keys)))
 
 
 class LowPrecisionGemm(torch.autograd.Function):
@@ -74,6 +92,19 @@ class EagerUnfused:
         """The keys each query may attend (a deliberately wrong variant overrides it)."""
         return visible_keys(shape, device)
 
+    def _attend(self, shape, q3, k3, v3, column, hidden) -> torch.Tensor:
+        """The output [pairs, n, dv] of (row, head) pairs; `column`: the sinks' logits, or None."""
+        logits = gemm(q3, k3.transpose(1, 2), alpha=shape.softmax_scale)
+        if shape.softcap is not None:
+            logits = torch.tanh(logits / shape.softcap) * shape.softcap
+        masked = logits.float().masked_fill(hidden, MASKED_LOGIT)
+        if column is not None:
+            masked = torch.cat((masked, column.float()), dim=-1)
+        probabilities = torch.softmax(masked, dim=-1)
+        if column is not None:
+            probabilities = probabilities[..., :-1]
+        return gemm(probabilities.to(q3.dtype), v3)
+
     def run(self, inputs: AttentionInputs) -> ImplementationOutput:
         shape = inputs.shape
         q, k, v = (x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
@@ -83,22 +114,26 @@ class EagerUnfused:
         batch, heads, n, dim = qh.shape
         q3, k3 = (x.reshape(batch * heads, n, dim) for x in (qh, kh))
         v3 = vh.reshape(batch * heads, n, vh.shape[-1])
-        logits = gemm(q3, k3.transpose(1, 2), alpha=shape.softmax_scale)
-        if shape.softcap is not None:
-            logits = torch.tanh(logits / shape.softcap) * shape.softcap
-        masked = logits.float().masked_fill(~self.visible(shape, q.device), MASKED_LOGIT)
-        sinks = None
+        sinks = column = None
         if inputs.sinks is not None:
             sinks = inputs.sinks.detach().float().requires_grad_()
             column = sinks.to(q.dtype).reshape(1, heads, 1, 1).expand(batch, heads, n, 1).reshape(batch * heads, n, 1)
-            masked = torch.cat((masked, column.float()), dim=-1)
-        probabilities = torch.softmax(masked, dim=-1)
-        if sinks is not None:
-            probabilities = probabilities[..., :-1]
-        out = gemm(probabilities.to(q.dtype), v3).reshape(batch, heads, n, vh.shape[-1])
-        out = from_heads_first(shape, out)
-        out.backward(inputs.grad_out)
-        tensors = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        parts = (q3, k3, v3) if column is None else (q3, k3, v3, column)
+        grad_out3 = to_heads_first(shape, inputs.grad_out).reshape(batch * heads, n, vh.shape[-1])
+        hidden = ~self.visible(shape, q.device)
+        out3 = torch.empty_like(grad_out3)
+        grads = [torch.empty_like(part) for part in parts]
+        step = pairs_per_chunk(batch * heads, n, n + (column is not None))
+        for start in range(0, batch * heads, step):
+            chunk = [part[start:start + step].detach().requires_grad_() for part in parts]
+            out_chunk = self._attend(shape, *chunk[:3], chunk[3] if column is not None else None, hidden)
+            out_chunk.backward(grad_out3[start:start + step])
+            out3[start:start + step] = out_chunk.detach()
+            for grad, leaf in zip(grads, chunk):
+                grad[start:start + step] = leaf.grad
+        torch.autograd.backward(parts, grads)
+        out = from_heads_first(shape, out3.reshape(batch, heads, n, vh.shape[-1]))
+        tensors = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
         if sinks is not None:
             tensors["dsink"] = sinks.grad
         return ImplementationOutput(

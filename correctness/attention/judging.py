@@ -4,7 +4,11 @@ judged by, and the invariant a correct kernel holds exactly.
 Slices: each head (key-value group for dk and dv) and each block of 128 positions (query rows for
 out and dq, keys for dk and dv), 128 being a common kernel tile: a kernel that mishandles one tile
 (the last block masked, one window edge) moves its slices by many times the error it adds to the
-whole tensor.
+whole tensor. Not per query row (issue 29, measured by benchmarks/per_query_judging.py; see
+docs/evidence-power.md, "Per-query judging"): judged one row of one head at a time, 79 of 140
+honest cases of the fixture recipes at five seeds fail, all in dq, dk or dv (flash's delta from
+its BF16 output on near-one-hot rows, a BF16 softmax against FP32); `out` alone stays within
+0.77 x but would catch one window mistake of ten more than these slices do.
 
 Invariant: a query the mask leaves a single key (the first token of each row under a causal mask;
 every token under a window of one) attends that key with probability exactly 1, so its output is

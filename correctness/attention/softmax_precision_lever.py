@@ -110,7 +110,8 @@ def softmax_precision_lever(
         description=description,
         recipe=recipe.ref_for(model),
         cases=tuple(replace(case, recipe_runs=recipe_side(recipe, candidate, default))
-                    for case in attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS)),
+                    for case in attention.attention_cases(recipe, model, scale, options, {}, seeds=SEEDS,
+                                                          whole_head_scores=True)),
         candidate=candidate,
         default=default,
         reference=Fp64Reference(),
@@ -122,14 +123,14 @@ def softmax_precision_lever(
 
 
 def cpu_tier(
-    recipe_id: str, options: LeverOptions, candidate: MegatronAttention | None = None, scale: Scale = SMOKE_SCALE,
+    recipe_id: str, options: LeverOptions, candidate: MegatronAttention | None = None, scale: Scale | None = None,
 ) -> list[Lever]:
-    """Smoke scale on the CPU: Megatron's DotProductAttention, FusedScaleMaskSoftmax's torch path,
-    softmax in BF16 (or the given candidate) against FP32."""
+    """On the CPU at the smoke scale (the recipe's with --scale recipe): Megatron's
+    DotProductAttention, FusedScaleMaskSoftmax's torch path, softmax in BF16 (or the given candidate) against FP32."""
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         softmax_precision_lever(
-            recipe=recipe, tier=tiers.MEGATRON_CPU, scale=scale,
+            recipe=recipe, tier=tiers.MEGATRON_CPU, scale=scale or options.at_scale(SMOKE_SCALE, RECIPE_SCALE),
             candidate=candidate or MegatronAttention(softmax_in_fp32=False),
             default=MegatronAttention(softmax_in_fp32=True), options=options,
         )

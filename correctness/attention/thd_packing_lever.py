@@ -148,7 +148,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         packing_lever(
-            recipe=recipe, tier=tiers.CPU, scale=PACKING_SMOKE_SCALE, packed=path,
+            recipe=recipe, tier=tiers.CPU, scale=options.at_scale(PACKING_SMOKE_SCALE, RECIPE_SCALE), packed=path,
             description=f"{label} over two packed rows (THD) against the same rows one at a time (BSHD)"
             " and an FP64 reference", options=options,
         )

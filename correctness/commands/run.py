@@ -2,7 +2,7 @@
 markers), write their records and give the recipe's verdict.
 
     correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--reference REFERENCE.yaml] [--all-levers]
-                    [--results-dir DIR] [--workers N] [--model-config CONFIG]
+                    [--results-dir DIR] [--workers N] [--model-config CONFIG] [--scale smoke|recipe]
                     [--checkpoint-cases DIR] [--model-checkpoint DIR] [--gpu-stand-in PRESENT=RECIPE]
                     [--report] [--json] [-- PYTEST ARGS...]
 
@@ -25,6 +25,11 @@ recipe GPU's architecture run its tiers (an H200 for an H100 recipe); the record
 GPUs the cases are spread over them, one GPU per pytest-xdist worker (install the `parallel`
 extra); the workers' records are merged into one per lever. pytest prints its progress and, at the
 end, the recipe's verdict and a verdict table per lever.
+
+--scale recipe runs the CPU tiers at the recipe's rank-local shapes in place of their smoke shapes
+(the GPU tiers run at the recipe's always). A lever whose case would need more memory than this
+machine has available skips in one line naming the memory it needs, so the lever is incomplete
+here (benchmarks/recipe_scale.py: each lever's time and peak memory at the recipe scale).
 
 --report writes the report of the records the run wrote (`correctness report`: one self-contained
 HTML page) as report.html in the recipe's records folder, and prints its path.
@@ -72,6 +77,7 @@ import torch
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.distributed import InterruptionWatch, catch_stop_signals, stop_exit_status
 from correctness.errors import CorrectnessError, RecipeError
+from correctness.lever import SCALES
 from correctness.files import shown_path
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.model_arguments import ModelArgumentError
@@ -108,6 +114,9 @@ def add_arguments(parser) -> None:
                         " `correctness model-facts`), for a model the suite has no facts of")
     parser.add_argument("--strict-systematic", action="store_true",
                         help="fail a case whose candidate shows a systematic error (scale slope or offset)")
+    parser.add_argument("--scale", choices=SCALES, default="smoke",
+                        help="the CPU tiers' shapes: smoke (default) or recipe (the recipe's rank-local shapes; a lever"
+                        " whose case would need more memory than this machine has skips, naming it, and so is incomplete)")
     parser.add_argument(REQUIRE_TIERS_OPTION, type=required_tiers, default=None, metavar="TIER,...",
                         help="tiers that must run (cpu,megatron-cpu): a test of one that would skip for a missing"
                         " dependency fails instead")
@@ -368,6 +377,8 @@ def _pytest_selection(args, selection: str, results: Path, needed: list[str]) ->
         if value:
             selected += [f"--{option.replace('_', '-')}", value]
     selected += [flag for flag, wanted in (("--strict-systematic", args.strict_systematic), ("--wide", args.wide)) if wanted]
+    if args.scale != "smoke":
+        selected += ["--scale", args.scale]
     if getattr(args, "require_tiers", None):
         selected += [REQUIRE_TIERS_OPTION, ",".join(sorted(args.require_tiers))]
     stand_in = getattr(args, "gpu_stand_in", None)

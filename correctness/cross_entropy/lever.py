@@ -213,10 +213,11 @@ def _runs_impl(recipe: Recipe, impl: str) -> None:
 
 def cpu_tier(recipe_id: str, options: LeverOptions, candidate: MegatronPath = NATIVE) -> list[Lever]:
     """Megatron's native fused cross entropy (or `candidate`: any function called as the fused one,
-    by its import path) on the CPU: gloo ranks, smoke scale, one start of ranks for all cases."""
+    by its import path) on the CPU: gloo ranks, smoke scale (the recipe's with --scale recipe), one
+    start of ranks for all cases."""
     recipe = lever_recipe(recipe_id, options.recipe)
     _runs_impl(recipe, "native")
-    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options, candidate=candidate)]
+    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"), options=options, candidate=candidate)]
 
 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

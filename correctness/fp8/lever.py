@@ -312,7 +312,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe scales per tensor (correctness.fp8.hopper; unavailable without mmaemu), else the FP32 stand-in; the
     default is torch's CPU BF16 matmul."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [fp8_lever(recipe, tier=tiers.CPU, scale="smoke", options=options,
+    return [fp8_lever(recipe, tier=tiers.CPU, scale=options.at_scale("smoke", "recipe"), options=options,
                       candidate=EmulatedFp8Linear(probe_scaled_mm=True, gemms=HopperTeGemms()))]
 
 

@@ -180,9 +180,11 @@ def accumulation_lever(recipe: Recipe, *, tier: Tier, scale: str, options: Lever
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions, candidate=CANDIDATE) -> list[Lever]:
-    """Megatron's linear autograd function and DDP's hook on the CPU (shims: megatron_wgrad.py), smoke scale."""
+    """Megatron's linear autograd function and DDP's hook on the CPU (shims: megatron_wgrad.py), at
+    the smoke scale (the recipe's with --scale recipe)."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [accumulation_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options, candidate=candidate)]
+    return [accumulation_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"),
+                               options=options, candidate=candidate)]
 
 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

@@ -164,7 +164,7 @@ def loss_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions)
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale="smoke", options=options)]
+    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.CPU, scale=options.at_scale("smoke", "recipe"), options=options)]
 
 
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

@@ -93,9 +93,10 @@ def summarize(flag: str, result) -> dict:
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """torch's CPU grouped matmul against megatron-core's SequentialMLP, smoke scale."""
+    """torch's CPU grouped matmul against megatron-core's SequentialMLP, at the smoke scale (the
+    recipe's with --scale recipe)."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [grouped_gemm_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options,
+    return [grouped_gemm_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"), options=options,
                                candidate=experts.TorchGroupedMM())]
 
 

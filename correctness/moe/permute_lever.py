@@ -111,10 +111,11 @@ def permute_levers(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOpti
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """The torch stand-in of TE's kernels' arithmetic against Megatron's torch permutation, smoke scale."""
+    """The torch stand-in of TE's kernels' arithmetic against Megatron's torch permutation, at the
+    smoke scale (the recipe's with --scale recipe)."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return permute_levers(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options,
-                          candidate=permutation.IndexPermutation())
+    return permute_levers(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"),
+                          options=options, candidate=permutation.IndexPermutation())
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

@@ -118,22 +118,39 @@ def offload_cases(setting: OffloadSetting, options: LeverOptions, whole: bool) -
         return WholeInventory(units=tuple(units)) if whole else Streamed(units=units)
 
     checkpoint = options.model_checkpoint
+    held = whole_inventory_memory(shape) if whole else {}
     return (
         Case(
             id=f"{shape.id}-synthetic-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="synthetic",
             variant="synthetic-weights",
-            make_inputs=lambda device: inputs(lambda param: synthetic_slice(param, SYNTHETIC_SEED)),
+            make_inputs=lambda device: inputs(lambda param: synthetic_slice(param, SYNTHETIC_SEED)), **held,
         ),
         Case(
             id=f"{shape.id}-checkpoint-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="checkpoint",
             variant="checkpoint-weights",
-            make_inputs=lambda device: inputs(lambda param: load_slice(checkpoint, param)),
+            make_inputs=lambda device: inputs(lambda param: load_slice(checkpoint, param)), **held,
             skip_reason=None if checkpoint is not None and setting.scale == RECIPE
             else "checkpoint weights run at the recipe scale with a model checkpoint"
             " (--model-checkpoint DIR or CORRECTNESS_MODEL_CHECKPOINT)",
             required=False,
         ),
     )
+
+
+# Resident bytes per parameter of a case whose paths hold every parameter at once (Megatron's
+# HybridDeviceOptimizer steps the whole inventory): its inputs, the optimizer's state, and each path's
+# outputs beside the FP64 reference's. Measured on the megatron-cpu cases at 1/8 and 1/4 of the
+# recipe's dimensions, peak against peak: Gemma 156 bytes per parameter more (8.7M and 34.8M
+# parameters, 2.74 and 6.52 GB), Nemotron 200 (7.2M and 28.2M, 1.76 and 5.66 GB); the larger is
+# taken. A streamed case holds one unit at a time and needs no estimate.
+WHOLE_INVENTORY_BYTES_PER_PARAMETER = 200
+
+
+def whole_inventory_memory(shape: OffloadShape) -> dict[str, Any]:
+    """Case.memory_bytes and memory_driver of a case held whole."""
+    return {"memory_bytes": shape.parameters * WHOLE_INVENTORY_BYTES_PER_PARAMETER,
+            "memory_driver": f"{shape.parameters:,} parameters held at once by Megatron's optimizer, about"
+                             f" {WHOLE_INVENTORY_BYTES_PER_PARAMETER} bytes each"}
 
 
 def unclipped(unit: OptimizerUnit) -> OptimizerUnit:
@@ -234,12 +251,12 @@ def describe(setting: OffloadSetting) -> str:
 
 
 def cpu_tier(
-    recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE, candidate: Implementation | None = None
+    recipe_id: str, options: LeverOptions, scale: ParamScale | None = None, candidate: Implementation | None = None
 ) -> list[Lever]:
     """On the CPU (smoke scale in CI; the benchmark runs it at the recipe scale): the GPU share on an
     eager AdamW with TE FusedAdam's FP32 arithmetic, or `candidate` (any path taking an
     OptimizerUnit) in place of the whole split; the controls stay the split's."""
-    setting = offload_setting(recipe_id, scale, options)
+    setting = offload_setting(recipe_id, scale or options.at_scale(SMOKE, RECIPE), options)
     split = split_candidate(setting, EagerAdamW)
     return [
         offload_lever(
@@ -271,11 +288,11 @@ def megatron_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMO
     ]
 
 
-def megatron_cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale = SMOKE) -> list[Lever]:
+def megatron_cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale | None = None) -> list[Lever]:
     """Megatron's own HybridDeviceOptimizer on the CPU (megatron-core only): upstream's code makes
     the split and steps both shares, under the shims of correctness.optimizer.megatron_on_cpu, with
     TE FusedAdam's arithmetic on the GPU share."""
-    setting = offload_setting(recipe_id, scale, options)
+    setting = offload_setting(recipe_id, scale or options.at_scale(SMOKE, RECIPE), options)
     return [
         offload_lever(
             setting, tier=tiers.MEGATRON_CPU, options=options,

@@ -204,10 +204,10 @@ def rope_lever(*, recipe: Recipe, tier: Tier, scale: str, candidate: Implementat
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions, candidate: Implementation = UNFUSED) -> list[Lever]:
-    """Smoke scale on the CPU: Megatron's unfused RoPE (or `candidate`) against the fused kernel's
-    arithmetic (the stand-in)."""
+    """On the CPU at the smoke scale (the recipe's with --scale recipe): Megatron's unfused RoPE (or
+    `candidate`) against the fused kernel's arithmetic (the stand-in)."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [rope_lever(recipe=recipe, tier=tiers.MEGATRON_CPU, scale="smoke", candidate=candidate,
+    return [rope_lever(recipe=recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"), candidate=candidate,
                        default=FusedRopeArithmetic(), options=options)]
 
 

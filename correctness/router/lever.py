@@ -172,9 +172,9 @@ def router_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOption
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None = None) -> list[Lever]:
-    """Megatron's TopKRouter on the CPU, smoke scale."""
+    """Megatron's TopKRouter on the CPU, at the smoke scale (the recipe's with --scale recipe)."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [router_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options,
+    return [router_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"), options=options,
                          candidate_dtype=candidate_dtype)]
 
 

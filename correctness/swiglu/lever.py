@@ -224,9 +224,9 @@ def swiglu_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOption
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Megatron's fused SwiGLU compiled by torch.compile's CPU backend (or eager under
-    TORCH_COMPILE_DISABLE=1, as the record says), smoke scale."""
+    TORCH_COMPILE_DISABLE=1, as the record says), at the smoke scale (the recipe's with --scale recipe)."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [swiglu_lever(recipe, tier=tiers.MEGATRON_CPU, scale="smoke", options=options)]
+    return [swiglu_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"), options=options)]
 
 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

@@ -52,7 +52,7 @@ from correctness.lever import (Case, Control, Implementation, ImplementationOutp
                                Tier)
 from correctness.lever_spec import DATA_PARALLEL, GRADIENT_SYNC, RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
-from correctness.megatron.layout import SMOKE
+from correctness.megatron.layout import RECIPE, SMOKE
 from correctness.recipes import Recipe, lever_recipe
 from correctness.grad_reduction import lever as reduction
 from correctness.grad_reduction.plan import ORDER_VARIES, RANK_DROPPED, RankPath
@@ -152,7 +152,8 @@ def reduction_paths(recipe: Recipe, device: str) -> tuple[RankPath, ...]:
 def reduction_determinism_lever(recipe: Recipe, *, tier: Tier, options: LeverOptions,
                                 ranks_available: int = reduction.MAX_RANKS) -> Lever:
     paths = reduction_paths(recipe, tier.device)
-    setup = reduction.reduction_setup(recipe, tier=tier, scale=SMOKE, options=options, paths=paths,
+    scale = options.at_scale(SMOKE, RECIPE) if tier.device == "cpu" else SMOKE
+    setup = reduction.reduction_setup(recipe, tier=tier, scale=scale, options=options, paths=paths,
                                       ranks_available=ranks_available)
     dtype, collective = paths[0].dtype, setup.shape.collective
     ran = "nccl (NCCL_ALGO=Ring)" if tier.device == "cuda" else "gloo"
@@ -173,10 +174,11 @@ def reduction_determinism_lever(recipe: Recipe, *, tier: Tier, options: LeverOpt
 
 
 def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """torch SDPA's flash CPU kernel and gloo ranks, smoke scale."""
+    """torch SDPA's flash CPU kernel and gloo ranks, at the smoke scale (the recipe's with --scale recipe)."""
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
-        attention_lever(recipe, tier=tiers.CPU, scale=CPU_SCALE, base=Sdpa("flash"), options=options),
+        attention_lever(recipe, tier=tiers.CPU, scale=options.at_scale(CPU_SCALE, RECIPE_SCALE), base=Sdpa("flash"),
+                        options=options),
         reduction_determinism_lever(recipe, tier=tiers.CPU, options=options),
     ]
 

@@ -1,4 +1,4 @@
-"""A wrong deterministic mode for the deterministic-mode lever's attention, its candidate with one
+"""Wrong deterministic modes for the deterministic-mode lever's attention, its candidate with one
 thing done wrong, to show what its evidence catches (tests/test_evidence_power.py,
 benchmarks/evidence_power.py, docs/evidence-power.md). Its controls (one last bit moved each run; the
 ranks summed in another order each run; the wrong softmax scale; a rank dropped) stand for the rest.
@@ -9,6 +9,8 @@ ranks summed in another order each run; the wrong softmax scale; a rank dropped)
   as atomic adds in arrival order would. Each block's gradients are the candidate's own, from its run
   on the block's output gradient alone (the others' zero); dq (each query's own) and the output are
   exact either way. Only the run-to-run spread is meant to give it away: the rule's repeat half.
+- Atomics left in one reduction: the same, for dv alone (dk from the candidate's one run), as a
+  backward whose dk kernel was made deterministic and whose dv accumulation was missed.
 """
 
 import itertools
@@ -21,6 +23,7 @@ from correctness.composites.determinism.lever import NAME
 from correctness.lever import Case, Implementation, ImplementationOutput, WrongImplementation
 
 ORDER_VARIES = "dk and dv accumulated over query blocks in an order that varies between runs"
+ONE_REDUCTION_LEFT = "dv alone accumulated over query blocks in an order that varies between runs"
 QUERY_BLOCKS = 3  # the fewest for which the order of a sum changes its bits (a + b is b + a)
 ORDERS = tuple(itertools.permutations(range(QUERY_BLOCKS)))
 
@@ -32,10 +35,12 @@ class QueryBlocksInArrivalOrder:
 
     base: Implementation
     calls: int = field(default=0)
+    accumulated: tuple[str, ...] | None = None  # those summed over the blocks; None: every gradient
+    mistake: str = ORDER_VARIES
 
     @property
     def name(self) -> str:
-        return f"{self.base.name} ({ORDER_VARIES})"
+        return f"{self.base.name} ({self.mistake})"
 
     def _block_inputs(self, inputs: AttentionInputs, block: int) -> AttentionInputs:
         dim = 0 if inputs.shape.qkv_format == "thd" else 1
@@ -53,14 +58,14 @@ class QueryBlocksInArrivalOrder:
         self.calls += 1
         tensors = dict(whole.tensors)
         for name in tensors:
-            if name == "out":
+            if name == "out" or (self.accumulated is not None and name not in self.accumulated):
                 continue
             total = parts[order[0]][name].clone()
             for block in order[1:]:
                 total = total + parts[block][name]  # in the gradient's own dtype, rounded at each add
             tensors[name] = total
-        return ImplementationOutput(tensors=tensors, backend=f"{whole.backend} (wrong: {ORDER_VARIES})",
-                                    details={**whole.details, "mistake": ORDER_VARIES, "order": list(order)})
+        return ImplementationOutput(tensors=tensors, backend=f"{whole.backend} (wrong: {self.mistake})",
+                                    details={**whole.details, "mistake": self.mistake, "order": list(order)})
 
 
 def _attention(case: Case) -> bool:
@@ -69,5 +74,9 @@ def _attention(case: Case) -> bool:
 
 WRONG_IMPLEMENTATIONS = (
     WrongImplementation(name=ORDER_VARIES, lever=NAME, build=QueryBlocksInArrivalOrder,
+                        changes=_attention, caught_on=_attention),
+    WrongImplementation(name=ONE_REDUCTION_LEFT, lever=NAME,
+                        build=lambda honest: QueryBlocksInArrivalOrder(honest, accumulated=("dv",),
+                                                                       mistake=ONE_REDUCTION_LEFT),
                         changes=_attention, caught_on=_attention),
 )
