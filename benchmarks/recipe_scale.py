@@ -21,6 +21,7 @@ import os
 import resource
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -148,7 +149,8 @@ def main() -> int:
             figures = measured(name, test_name, recipe, args)
             rows.append(figures)
             if not args.json:
-                print(line(figures), flush=True)
+                print(textwrap.fill(line(figures), width=160, subsequent_indent="    ", break_long_words=False,
+                                    break_on_hyphens=False), flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
     failed = [row for row in rows if row["status"] not in ("ran", "planned", "refused", "not applicable")]

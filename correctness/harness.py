@@ -826,7 +826,7 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "cases": [case.id for case in lever.cases],
         "optional_cases": [case.id for case in lever.cases if not case.required],
         "compares_kernels": lever.compares_kernels,
-        "scale": lever.scale if lever.tier.device == "cpu" else "recipe",
+        "scale": lever.scale if lever.tier.device == "cpu" else None,
         "rule": {
             "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason,
             "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,

@@ -181,8 +181,8 @@ class LeverOptions:
     attention inputs and the model's Hugging Face checkpoint, where given, a recipe file to run in
     place of the component tests' fixture recipes, the model facts of its model (from
     --model-config) where the suite has none of its own, and the scale the CPU tiers run at
-    (`--scale`: "smoke", their own small shapes, or "recipe", the recipe's rank-local shapes; the
-    GPU tiers run at the recipe's always)."""
+    (`--scale`: "smoke", their own small shapes, or "recipe", the recipe's rank-local shapes; a GPU
+    tier's shapes are its own, whatever --scale says)."""
 
     checkpoint_dir: Path | None = None
     model_checkpoint: Path | None = None
@@ -256,8 +256,8 @@ class Lever:
     # The candidate's narrower format, where it has one (correctness.lever.FormatFloor): a case
     # whose candidate fails the rule only as its format must is `format-limited`, not `fail`.
     format_floor: FormatFloor | None = None
-    # The scale its cases were built at, as recorded: "smoke" or "recipe" (LeverOptions.scale; the
-    # pytest plugin sets it from --scale). A GPU tier's cases are at the recipe's scale always.
+    # The --scale its CPU tier's cases were built at, as recorded: "smoke" or "recipe"
+    # (LeverOptions.recorded sets it). A GPU tier's shapes are its own, and its record says null.
     scale: str = "smoke"
 
     def __post_init__(self):

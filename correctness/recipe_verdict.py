@@ -183,7 +183,8 @@ def _evidence(lever: str, flags: tuple[str, ...], records: list[LeverRecord], re
         tiers=tuple((tier_label(record.lever, record.provenance), verdict) for record, verdict in zip(records, verdicts)),
         runs_default=bool(flags) and any(case.recipe_runs == "default" for record in records for case in record.cases),
         device=tuple(dict.fromkeys(record.provenance["device"]["type"] for record in records)),
-        scales=tuple(dict.fromkeys(record.lever.get("scale", "smoke") for record in records)),
+        scales=tuple(dict.fromkeys(record.lever.get("scale") or "smoke" for record in records
+                                   if record.provenance["device"]["type"] == "cpu")),
         format=formats[0] if formats else None,
         reasons=tuple(dict.fromkeys(reasons)) if not records else (),
     )

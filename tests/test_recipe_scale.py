@@ -99,8 +99,8 @@ def test_a_record_says_the_scale_its_cases_were_built_at():
     (cpu,) = options.recorded(attention.cpu_tier(GEMMA, options))
     (smoke,) = LeverOptions().recorded(attention.cpu_tier(GEMMA, LeverOptions()))
     assert (lever_summary(cpu)["scale"], lever_summary(smoke)["scale"]) == ("recipe", "smoke")
-    gpu = attention.gpu_sdpa_tier(GEMMA, LeverOptions())
-    assert {lever_summary(lever)["scale"] for lever in gpu} == {"recipe"}, "a GPU tier runs at the recipe's scale always"
+    gpu = LeverOptions(scale="recipe").recorded(attention.gpu_sdpa_tier(GEMMA, LeverOptions(scale="recipe")))
+    assert {lever_summary(lever)["scale"] for lever in gpu} == {None}, "a GPU tier's shapes are not --scale's"
 
 
 @pytest.mark.parametrize("scales, said", [
@@ -147,7 +147,8 @@ def test_the_benchmark_plans_each_lever_at_the_recipe_scale_and_names_a_refusals
                            "--recipes", "gemma"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, MEMORY_ENV: str(24 * 10**9)})
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    assert max(len(line) for line in done.stdout.splitlines()) <= 160
+    lines = done.stdout.replace("\n    ", " ").splitlines()  # each figure's line, unwrapped
     assert any(line.startswith("rope-fusion (megatron-cpu) at gemma-4-31b: megatron-rope-unfused: 2 cases") for line in lines)
     assert any(line.startswith("optimizer-offload (megatron-cpu) at gemma-4-31b: refused: lever optimizer-offload")
                and "111.2 GB" in line for line in lines)

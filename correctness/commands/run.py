@@ -27,7 +27,7 @@ extra); the workers' records are merged into one per lever. pytest prints its pr
 end, the recipe's verdict and a verdict table per lever.
 
 --scale recipe runs the CPU tiers at the recipe's rank-local shapes in place of their smoke shapes
-(the GPU tiers run at the recipe's always). A lever whose case would need more memory than this
+(a GPU tier's shapes are its own either way). A lever whose case would need more memory than this
 machine has available skips in one line naming the memory it needs, so the lever is incomplete
 here (benchmarks/recipe_scale.py: each lever's time and peak memory at the recipe scale).
 

@@ -217,7 +217,8 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate: MegatronPath = NA
     start of ranks for all cases."""
     recipe = lever_recipe(recipe_id, options.recipe)
     _runs_impl(recipe, "native")
-    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"), options=options, candidate=candidate)]
+    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_CPU, scale=options.at_scale("smoke", "recipe"),
+                                options=options, candidate=candidate)]
 
 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
