@@ -21,21 +21,28 @@ _PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
 
 
 def _low_precision_pair(args) -> bool:
-    return (len(args) == 2 and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in args)
+    return (len(args) == 2 and all(isinstance(t, torch.Tensor) and t.is_cpu for t in args)
             and args[0].dtype in LOW_PRECISION and args[0].dtype == args[1].dtype)
+
+
+def product_as_cublas(func, args, kwargs) -> torch.Tensor | None:
+    """The operator's result as cuBLAS computes it, where it is a low-precision product this module
+    covers; None where it is not (the caller runs the operator itself)."""
+    if func in _PRODUCTS and not kwargs and _low_precision_pair(args):
+        return func(args[0].float(), args[1].float()).to(args[0].dtype)
+    if func is torch.ops.aten.baddbmm.default and len(args) == 3 and _low_precision_pair(args[1:]) \
+            and args[0].dtype == args[1].dtype and set(kwargs) <= {"beta", "alpha"}:
+        beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+        product = torch.bmm(args[1].float(), args[2].float()) * alpha
+        return (product if beta == 0 else product + beta * args[0].float()).to(args[1].dtype)
+    return None
 
 
 class _GemmAsCublas(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _PRODUCTS and not kwargs and _low_precision_pair(args):
-            return func(args[0].float(), args[1].float()).to(args[0].dtype)
-        if func is torch.ops.aten.baddbmm.default and len(args) == 3 and _low_precision_pair(args[1:]) \
-                and args[0].dtype == args[1].dtype and set(kwargs) <= {"beta", "alpha"}:
-            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-            product = torch.bmm(args[1].float(), args[2].float()) * alpha
-            return (product if beta == 0 else product + beta * args[0].float()).to(args[1].dtype)
-        return func(*args, **kwargs)
+        product = product_as_cublas(func, args, kwargs)
+        return product if product is not None else func(*args, **kwargs)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
   (TORCH_COMPILE_DISABLE: torch._dynamo's config) is read by the server, from the environment of
   the caller's first run. Ranks that use CUDA (`cuda=True`) are spawned instead: a process forked
   from one that may have touched CUDA (megatron-core's import, with Transformer Engine installed)
-  cannot use it.
+  cannot use it. So are the ranks of a caller under an emulated GPU (CORRECTNESS_EMULATE_GPU): each
+  enters that emulation (correctness.emulated_gpu) before it imports megatron-core.
 - The group meets through a file in a fresh temporary folder (`file://` init), not a TCP port, so
   pytest-xdist workers and concurrent runs never collide.
 - A rank that raises ends the run: every rank is stopped, and DistributedError names the rank and
@@ -37,6 +38,7 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
   Results travel back pickled by value; return CPU tensors, numbers or plain data.
 """
 
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -50,6 +52,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from correctness.emulated_gpu.gpus import VARIABLE as EMULATION_VARIABLE
 from correctness.errors import CorrectnessError
 
 DEFAULT_TIMEOUT = 300.0  # seconds for the whole run, start-up included
@@ -78,17 +81,21 @@ def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: 
     import torch
     import torch.distributed as dist
 
+    from correctness.emulated_gpu.session import enter_from_environment
+
     torch.set_num_threads(threads)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
-        try:
-            # Pickled by value here: the queue's own pickler would send tensors as shared-memory
-            # handles, which die with this process before the caller has read them.
-            results.put((rank, True, pickle.dumps(function(rank, world_size, *args))))
-        except BaseException as error:  # reported before the group goes down and breaks the peers'
-            results.put((rank, False, _one_line(error)))
-        finally:
-            dist.destroy_process_group()
+        with contextlib.ExitStack() as emulation:
+            enter_from_environment(emulation)  # the caller's emulated GPU, where it ran under one
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+            try:
+                # Pickled by value here: the queue's own pickler would send tensors as shared-memory
+                # handles, which die with this process before the caller has read them.
+                results.put((rank, True, pickle.dumps(function(rank, world_size, *args))))
+            except BaseException as error:  # reported before the group goes down and breaks the peers'
+                results.put((rank, False, _one_line(error)))
+            finally:
+                dist.destroy_process_group()
     except BaseException as error:
         results.put((rank, False, _one_line(error)))
 
@@ -117,7 +124,9 @@ def run_ranks(function: Callable[..., Any], world_size: int, *args: Any, timeout
     """function(rank, world_size, *args) on each of `world_size` gloo ranks; their results in rank order."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size!r}")
-    if cuda:
+    if cuda or os.environ.get(EMULATION_VARIABLE):
+        # An emulated GPU's ranks enter its emulation before they import megatron-core, so that it
+        # sees Transformer Engine as on a GPU machine: spawned, as CUDA ranks are.
         context = multiprocessing.get_context("spawn")
     else:
         context = multiprocessing.get_context("forkserver")

@@ -33,6 +33,9 @@ from correctness.compare import Baseline, OutputsAccumulator, RunSpread, SpreadA
 from correctness.errors import ImplementationUnavailable
 from correctness.lever import Case, Lever, Implementation, ImplementationOutput, Streamed, runs_backend
 from correctness.memory import release_freed_memory
+from correctness.emulated_gpu.kernels import snapshot as kernel_calls
+from correctness.emulated_gpu.kernels import stand_ins_called
+from correctness.emulated_gpu.session import active as emulation_active
 from correctness.provenance import provenance
 from correctness.recipe_binding import bound_ref
 from correctness.results import (
@@ -826,7 +829,7 @@ def lever_summary(lever: Lever) -> dict[str, Any]:
         "cases": [case.id for case in lever.cases],
         "optional_cases": [case.id for case in lever.cases if not case.required],
         "compares_kernels": lever.compares_kernels,
-        "scale": lever.scale if lever.tier.device == "cpu" else None,
+        "scale": lever.scale if lever.tier.device == "cpu" or emulation_active() is not None else None,
         "rule": {
             "factor": lever.rule.factor, "slack": lever.rule.slack, "reason": lever.rule_reason,
             "systematic_factor": lever.rule.systematic_factor, "systematic_floor_eps": lever.rule.systematic_floor_eps,
@@ -846,9 +849,11 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, seconds: float) -> LeverRecord:
+def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, seconds: float,
+                 emulated_stand_ins: Mapping[str, Any] | None = None) -> LeverRecord:
     """The lever's record of its cases' results; its recipe reference carries the values of the
-    recipe arguments the lever reads (correctness.recipe_binding)."""
+    recipe arguments the lever reads (correctness.recipe_binding). Under an emulated GPU,
+    `emulated_stand_ins` are the kernel stand-ins its cases called (correctness.emulated_gpu.kernels)."""
     cases = tuple(cases)
     verdict, completeness = assess(
         {case.case_id: case.status for case in cases},
@@ -861,7 +866,8 @@ def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, second
         verdict=verdict,
         completeness=completeness,
         cases=cases,
-        provenance=provenance(torch.device(lever.tier.device), recipe_gpu=GPU_MARKERS.get(lever.tier.name)),
+        provenance=provenance(torch.device(lever.tier.device), recipe_gpu=GPU_MARKERS.get(lever.tier.name),
+                              emulated_stand_ins=None if emulated_stand_ins is None else dict(emulated_stand_ins)),
         started=started,
         finished=_now(),
         seconds=seconds,
@@ -870,6 +876,6 @@ def build_record(lever: Lever, cases: Iterable[CaseResult], started: str, second
 
 def run_lever(lever: Lever, *, strict_systematic: bool = False) -> LeverRecord:
     """Run every case of a lever and return its record (write it with results.write_record)."""
-    started, clock = _now(), time.perf_counter()
+    started, clock, calls = _now(), time.perf_counter(), kernel_calls()
     cases = [run_case(lever, case, strict_systematic=strict_systematic) for case in lever.cases]
-    return build_record(lever, cases, started, time.perf_counter() - clock)
+    return build_record(lever, cases, started, time.perf_counter() - clock, stand_ins_called(since=calls))

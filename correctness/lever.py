@@ -189,6 +189,9 @@ class LeverOptions:
     recipe: Any = None  # a user's recipe (correctness.recipes.Recipe), run in place of the fixture recipes
     model: Any = None  # correctness.models.ModelFacts from --model-config, for the recipe's model
     scale: str = "smoke"
+    # The emulated GPU (--emulate-gpu: correctness.emulated_gpu.gpus.Emulated), None on a real machine:
+    # the GPU tiers then build the CPU's smoke shapes (gpu_at_scale).
+    emulated: Any = None
 
     def __post_init__(self):
         if self.scale not in SCALES:
@@ -198,9 +201,17 @@ class LeverOptions:
         """A CPU tier's shape choice: `smoke` at the smoke scale, `recipe` at the recipe's."""
         return recipe if self.scale == "recipe" else smoke
 
+    def gpu_at_scale(self, smoke: Any, recipe: Any) -> Any:
+        """A GPU tier's shape choice: the recipe's (`recipe`) on a GPU, the CPU's `smoke` on an emulated one
+        (it proves code paths on the CPU, at the CPU's sizes)."""
+        return smoke if self.emulated is not None else recipe
+
     def recorded(self, levers: Iterable["Lever"]) -> list["Lever"]:
-        """The levers a factory built with these options, each to record the scale it was built at."""
-        return [replace(lever, scale=self.scale) for lever in levers]
+        """The levers a factory built with these options, each to record the scale it was built at:
+        a CPU tier's --scale; an emulated GPU's tier the smoke scale (a GPU tier's own shapes are recorded as
+        null: correctness.harness.lever_summary)."""
+        return [replace(lever, scale=self.scale if lever.tier.device == "cpu" or self.emulated is None else "smoke")
+                for lever in levers]
 
 
 SCALES = ("smoke", "recipe")
@@ -257,7 +268,8 @@ class Lever:
     # whose candidate fails the rule only as its format must is `format-limited`, not `fail`.
     format_floor: FormatFloor | None = None
     # The --scale its CPU tier's cases were built at, as recorded: "smoke" or "recipe"
-    # (LeverOptions.recorded sets it). A GPU tier's shapes are its own, and its record says null.
+    # (LeverOptions.recorded sets it). A GPU tier's shapes are its own, and its record says null;
+    # an emulated GPU's tier runs the smoke scale, and its record says so.
     scale: str = "smoke"
 
     def __post_init__(self):

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from correctness.emulated_gpu.session import active as emulation_active
+from correctness.emulated_gpu.session import provenance as emulated_record
 from correctness.tiers import stand_in_between
 
 OPTIONAL_PACKAGES = ("transformer-engine", "transformer-engine-torch", "flash-attn", "flash-attn-3", "megatron-core",
@@ -78,7 +80,7 @@ def device_description(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         properties = torch.cuda.get_device_properties(index)
-        return {
+        described = {
             "type": "cuda",
             "name": properties.name,
             "gpu_type": gpu_type(properties.name),
@@ -86,6 +88,9 @@ def device_description(device: torch.device) -> dict[str, Any]:
             "memory_gb": round(properties.total_memory / 2**30, 1),
             "index": index,
         }
+        if emulation_active() is not None:  # the GPU named is emulated: the machine is this CPU
+            described.update(emulated=True, host_cpu=cpu_model(), threads=torch.get_num_threads())
+        return described
     return {"type": device.type, "name": cpu_model(), "threads": torch.get_num_threads()}
 
 
@@ -186,8 +191,9 @@ def driver_version() -> str | None:
 
 
 def cuda_libraries(device: torch.device) -> dict[str, Any]:
-    """cuDNN's, cuBLAS's and the driver's versions for a CUDA device; null on the CPU."""
-    on_cuda = device.type == "cuda" and torch.cuda.is_available()
+    """cuDNN's, cuBLAS's and the driver's versions for a CUDA device; null on the CPU and on an
+    emulated GPU (whose libraries are not there)."""
+    on_cuda = device.type == "cuda" and torch.cuda.is_available() and emulation_active() is None
     cudnn = torch.backends.cudnn.version() if on_cuda and torch.backends.cudnn.is_available() else None
     return {"cudnn": cudnn, "cublas": cublas_version() if on_cuda else None,
             "driver": driver_version() if on_cuda else None}
@@ -200,17 +206,20 @@ def stand_in(description: dict[str, Any], recipe_gpu: str | None) -> dict[str, s
     return found.record() if found else None
 
 
-def provenance(device: torch.device, recipe_gpu: str | None = None) -> dict[str, Any]:
+def provenance(device: torch.device, recipe_gpu: str | None = None,
+               emulated_stand_ins: dict[str, Any] | None = None) -> dict[str, Any]:
     """`recipe_gpu`: the GPU a recipe GPU's tier is for ("H100"; None for other tiers): where another
-    GPU ran it, `stand_in` says which."""
+    GPU ran it, `stand_in` says which. Under an emulated GPU, `emulated_gpu` says so, with the
+    kernel stand-ins its cases called (`emulated_stand_ins`; None: all this process called)."""
     description = device_description(device)
+    emulated = emulated_record(emulated_stand_ins)
     found = {
         "device": description,
         "host": platform.node(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "cuda": torch.version.cuda if emulated is None else None,
         **cuda_libraries(device),
         "numerics": numerics_switches(),
         "packages": {name: package_version(name) for name in OPTIONAL_PACKAGES},
@@ -221,4 +230,6 @@ def provenance(device: torch.device, recipe_gpu: str | None = None) -> dict[str,
     shown = stand_in(description, recipe_gpu)
     if shown is not None:
         found["stand_in"] = shown
+    if emulated is not None:
+        found["emulated_gpu"] = emulated
     return found

@@ -33,6 +33,7 @@ is appended to a case log as the case finishes, and the next session on the same
 starts by turning such logs into records marked interrupted (correctness.record_store).
 """
 
+import contextlib
 import datetime
 import hashlib
 import os
@@ -40,6 +41,7 @@ import shutil
 import time
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,6 +51,11 @@ import torch
 
 from correctness.catalogue import lever_catalogue
 from correctness.distributed import InterruptionWatch, catch_stop_signals, rank_server_pid, stop_rank_server
+from correctness.emulated_gpu.gpus import OPTION as EMULATE_OPTION
+from correctness.emulated_gpu.gpus import emulated_option
+from correctness.emulated_gpu.kernels import described
+from correctness.emulated_gpu.kernels import snapshot as kernel_calls
+from correctness.emulated_gpu.session import active as emulation_active
 from correctness.errors import CorrectnessError, OverMemory
 from correctness.files import shown_path
 from correctness.harness import build_record, device_fault, not_run, run_case
@@ -136,6 +143,11 @@ def pytest_addoption(parser):
         help=f"the model's Hugging Face checkpoint folder, for checkpoint weights (or set {MODEL_CHECKPOINT_ENV})",
     )
     group.addoption(
+        EMULATE_OPTION, default=None, type=emulated_option, metavar="GPU",
+        help="run the GPU tiers on an emulated GPU on the CPU (H100 or H200, eight of them; H200x1 for one):"
+        " proves their code paths, never a GPU's numbers; records say so, and attach refuses them",
+    )
+    group.addoption(
         REQUIRE_TIERS_OPTION, default=None, type=required_tiers, metavar="TIER,...",
         help="tiers that must run here (e.g. cpu,megatron-cpu): a test of one that would skip because the machine"
         " lacks what it needs (a missing megatron-core) fails instead, naming it",
@@ -143,6 +155,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    emulation = config.getoption("emulate_gpu", None)
+    if emulation is not None:
+        from correctness.emulated_gpu.session import emulated_gpu
+
+        config.stash[_EMULATION] = contextlib.ExitStack()
+        config.stash[_EMULATION].enter_context(emulated_gpu(emulation))
     config.pluginmanager.register(_SkipReasons(config.stash.setdefault(_SKIPS, {})), "correctness-skip-reasons")
     config.stash[_STOP] = _Stop(restore_signals=catch_stop_signals(), rank_server=rank_server_pid())
     config.pluginmanager.register(config.stash[_STOP], "correctness-stop")
@@ -158,6 +176,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    emulation = config.stash.get(_EMULATION, None)
+    if emulation is not None:
+        emulation.close()
     stop = config.stash.get(_STOP, None)
     if stop is None:
         return
@@ -215,6 +236,7 @@ def _read_options(config) -> LeverOptions:
         recipe=load_recipe(recipe) if recipe else None,
         model=load_facts(facts) if facts else None,
         scale=config.getoption("scale"),
+        emulated=config.getoption("emulate_gpu", None),
     )
 
 
@@ -311,6 +333,11 @@ def _stand_in(item) -> StandIn | None:
     return config.getoption("gpu_stand_in", None) if config is not None else None
 
 
+def _emulated(item) -> bool:
+    config = getattr(item, "config", None)
+    return config is not None and config.getoption("emulate_gpu", None) is not None
+
+
 def _missing_hardware(item) -> str | None:
     """Why the machine lacks what the item's markers name; None where it has it. A recipe GPU's
     marker is met by that GPU, or by the stand-in --gpu-stand-in names (h200=h100: an H200 runs the
@@ -328,6 +355,8 @@ def _missing_hardware(item) -> str | None:
             if present == model or (stand_in is not None and (stand_in.present, stand_in.recipe) == (present, model)):
                 continue
             could = stand_in_between(present, model)
+            if could is not None and stand_in is None and _emulated(item):
+                continue  # the emulated GPU stands in for the other of its architecture; its records say so
             hint = f" ({STAND_IN_OPTION} {present.lower()}={model.lower()} runs it here: both {could.architecture})" \
                 if could is not None and stand_in is None else ""
             return f"needs an NVIDIA {model} (the recipe's GPU); found {found}{hint}"
@@ -386,8 +415,14 @@ class _LeverRun:
     started: str
     seconds: float = 0.0
     cases: list[CaseResult] = field(default_factory=list)
+    stand_in_calls: Counter = field(default_factory=Counter)  # an emulated GPU's kernel stand-ins its cases called
+
+    def record(self) -> "LeverRecord":
+        stand_ins = described(self.stand_in_calls) if emulation_active() is not None else None
+        return build_record(self.lever, self.cases, self.started, self.seconds, stand_ins)
 
 
+_EMULATION = pytest.StashKey[contextlib.ExitStack]()  # the emulated GPU, where --emulate-gpu asks for one
 _RUNS = pytest.StashKey[dict]()  # one _LeverRun per recipe and lever record (_run_key)
 _OPTIONS = pytest.StashKey[LeverOptions]()
 _WRITTEN = pytest.StashKey[list]()
@@ -420,9 +455,10 @@ def lever_check(request):
             result = not_run(case, f"{NOT_RUN_AFTER_FAULT}: {faults[module]}")
             run.cases.append(result)
             pytest.skip(result.skip_reason)
-        clock = time.perf_counter()
+        clock, calls = time.perf_counter(), kernel_calls()
         result = run_case(lever, case, strict_systematic=request.config.getoption("strict_systematic"))
         run.seconds += time.perf_counter() - clock
+        run.stand_in_calls += kernel_calls() - calls
         run.cases.append(result)
         if result.status == "skip":
             pytest.skip(result.skip_reason)
@@ -505,8 +541,7 @@ def pytest_sessionfinish(session):
     pieces: dict[str, list[dict]] = {}
     for key, run in config.stash.get(_RUNS, {}).items():
         cut_short = interrupted and _cut_short(selected.get(key), (case.case_id for case in run.cases))
-        record = build_record(run.lever, run.cases, run.started, run.seconds)
-        data = record_to_json(replace(record, interrupted=cut_short))
+        data = record_to_json(replace(run.record(), interrupted=cut_short))
         if worker:
             digest = hashlib.sha256(run.lever.recipe.id.encode()).hexdigest()[:12]
             write_record(data, results, parts / f"{file_name(run.lever.record_id)}.{digest}.{worker['workerid']}.json")

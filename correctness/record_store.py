@@ -10,7 +10,10 @@ written beside, in a hidden folder of the same folder, under the same name:
 - `.interrupted/<record id>.json`: a record of a session stopped (Ctrl-C, SIGTERM) before every case
   it selected of the lever had run (`interrupted: true`), whether or not a record was held;
 - `.partial/<record id>.json`: a record that decided fewer of the declared cases than the one held (a
-  run of some cases only, a case that skipped where the held record ran it).
+  run of some cases only, a case that skipped where the held record ran it);
+- `.emulated/<record id>.json`: a record made on an emulated GPU (`provenance.emulated_gpu`,
+  correctness.emulated_gpu), always: it proves code paths, never numbers, so it never takes the
+  place of a record that could be evidence.
 
 So an interrupted run never turns a complete record into an empty one, and a failure is never
 hidden: a run whose case failed where the held record's passed decided that case, and replaces it.
@@ -47,11 +50,13 @@ from correctness.results import (SKIP, LeverRecord, merge_records, read_record, 
 
 INTERRUPTED_FOLDER = ".interrupted"
 PARTIAL_FOLDER = ".partial"
+EMULATED_FOLDER = ".emulated"
 CASES_FOLDER = ".cases"
 CASE_LOG = re.compile(r"(?P<record>.+)\.(?P<session>[0-9a-f]+)\.(?P<process>[A-Za-z0-9]+)\.(?P<pid>[0-9]+)\.jsonl")
 WHY_BESIDE = {
     INTERRUPTED_FOLDER: "interrupted before every case it selected had run: kept beside the lever's record",
     PARTIAL_FOLDER: "fewer cases decided than the record held: kept beside it, not in its place",
+    EMULATED_FOLDER: "made on an emulated GPU (code paths, not numbers): kept beside the lever's record, never evidence",
 }
 
 
@@ -60,12 +65,19 @@ def store_record(record: LeverRecord | Mapping[str, Any], results_dir: Path) -> 
     docstring), atomically; return its path."""
     data = record_to_json(record) if isinstance(record, LeverRecord) else record
     place = record_path(data, results_dir)
+    if emulated(data):
+        return write_record(data, results_dir, beside(place, EMULATED_FOLDER))
     if data["interrupted"]:
         return write_record(data, results_dir, beside(place, INTERRUPTED_FOLDER))
     held = decided_cases_held(place)
     if held is not None and not held <= decided_cases(data):
         return write_record(data, results_dir, beside(place, PARTIAL_FOLDER))
     return write_record(data, results_dir, place)
+
+
+def emulated(data: Mapping[str, Any]) -> bool:
+    """Whether a record (JSON form) was made on an emulated GPU."""
+    return "emulated_gpu" in data.get("provenance", {})
 
 
 def beside(place: Path, folder: str) -> Path:

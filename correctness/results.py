@@ -23,7 +23,7 @@ from correctness.files import folder_parts, read_input, replace_file
 from correctness.fixtures import checkout_root
 
 FORMAT = "correctness.lever-record"
-FORMAT_VERSION = 9  # 9: every slice's error/bound (`grid`, `grid_shape`); 8: failures as {kind, role, tensor, text}; 7: the recipe's path, the arguments its lever reads and their sha256, the model arguments checked, `interrupted`; 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
+FORMAT_VERSION = 10  # 10: `provenance.emulated_gpu` (a run on an emulated GPU: the GPU named and the kernel stand-ins it called); 9: every slice's error/bound (`grid`, `grid_shape`); 8: failures as {kind, role, tensor, text}; 7: the recipe's path, the arguments its lever reads and their sha256, the model arguments checked, `interrupted`; 6: `format-limited`, a case's `format` (the format floor); 5: repeated runs (`runs`, spreads, controls' `fails`); 4: the model facts' source and sha256; 3: slices, systematic error, invariants, resolution; 2: `incomplete`, `completeness`
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INCOMPLETE = "incomplete"  # a lever verdict: a required case did not run

@@ -60,6 +60,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from correctness.cpu_gemm import gemm_as_cublas
+from correctness.emulated_gpu.gpus import MODELS, Emulated
+from correctness.emulated_gpu.runtime import DeviceProperties
 from correctness.environment import attributes_replaced, environment_set
 from correctness.errors import ImplementationUnavailable
 
@@ -113,7 +115,7 @@ def unusable_reason() -> str | None:
     reason = missing_reason()
     if reason is not None:
         return reason
-    if not _absent("transformer_engine") or "transformer_engine" in sys.modules:
+    if machine_has_own_te():
         return ("this machine has its own Transformer Engine: its TE tiers run it; TE's CPU copy would register TE's"
                 " torch ops a second time beside it")
     try:
@@ -122,6 +124,11 @@ def unusable_reason() -> str | None:
     except Exception as error:
         return f"Transformer Engine {TE_VERSION}'s Python does not import with the CPU shim: {type(error).__name__}: {error}"
     return None
+
+
+def machine_has_own_te() -> bool:
+    """Whether a Transformer Engine other than this tier's copy is importable (a training image's)."""
+    return not _absent("transformer_engine") or ("transformer_engine" in sys.modules and "transformer_engine" not in _loaded)
 
 
 # --- the compiled extension ------------------------------------------------------------------
@@ -222,7 +229,17 @@ class _Compiled(_Inert):
         return _Compiled(f"{self._name}.{attribute}")
 
     def __call__(self, *args, **kwargs):
+        stand_in = COMPILED_STAND_INS.get(self._name.removeprefix("transformer_engine_torch."))
+        if stand_in is not None:
+            return stand_in(*args, **kwargs)
         raise NoCompiledTe(f"{self._name} is compiled CUDA code, absent on the CPU tier")
+
+
+# The extension's functions that compute something where a GPU is emulated (name -> stand-in,
+# correctness.emulated_gpu.te_kernels installs them for its block); empty on the te-cpu tier, where
+# every compiled function raises NoCompiledTe. Consulted at each call, so names TE bound at import
+# (`from transformer_engine_torch import ...`) reach them too.
+COMPILED_STAND_INS: dict[str, Any] = {}
 
 
 def _thd_to_bshd(tensor: torch.Tensor, cu_seqlens: torch.Tensor, batch: int, max_seqlen: int) -> torch.Tensor:
@@ -270,9 +287,13 @@ class StandInExtension(_InertModule):
         for name, values in {**ENUMS, **IMPORT_ENUMS}.items():
             setattr(self, name, _enum(name, values))
         self.get_cudnn_version = lambda: CUDNN_VERSION[0] * 10000 + CUDNN_VERSION[1] * 100 + CUDNN_VERSION[2]
-        self.get_fused_attn_backend = lambda *args, **kwargs: self.NVTE_Fused_Attn_Backend.NVTE_No_Backend
         self.convert_thd_to_bshd = _thd_to_bshd
         self.convert_bshd_to_thd = _bshd_to_thd
+
+    def get_fused_attn_backend(self, *args, **kwargs):
+        """No fused backend on the CPU tier; the emulated GPU's gate where one is emulated."""
+        gate = COMPILED_STAND_INS.get("get_fused_attn_backend")
+        return gate(*args, **kwargs) if gate is not None else self.NVTE_Fused_Attn_Backend.NVTE_No_Backend
 
     def __getattr__(self, attribute: str):
         if attribute.startswith("__"):
@@ -282,21 +303,13 @@ class StandInExtension(_InertModule):
 
 # --- the GPU that is not there -----------------------------------------------------------------
 
-class _DeviceProperties:
-    """torch.cuda.get_device_properties's answer for the sm90 device the queries describe."""
-
-    name = "CPU standing in for an sm90 GPU (correctness.te_on_cpu)"
-    major, minor = CAPABILITY
-    multi_processor_count = 132
-    total_memory = 80 * 2**30
-
-
+_PROPERTIES = DeviceProperties(Emulated(MODELS["H100"], count=1))  # the sm90 device the queries describe
 _CUDA_QUERIES = {
     "is_available": lambda: True,
     "device_count": lambda: 1,
     "current_device": lambda: 0,
     "get_device_capability": lambda device=None: CAPABILITY,
-    "get_device_properties": lambda device=None: _DeviceProperties(),
+    "get_device_properties": lambda device=None: _PROPERTIES,
     # Not queries: what TE does around its kernels, with nothing to do on one CPU.
     "synchronize": lambda device=None: None,
     "empty_cache": lambda: None,
@@ -385,16 +398,25 @@ def _import_te(folder: Path) -> dict[str, types.ModuleType]:
 def te_on_cpu() -> Iterator[types.ModuleType]:
     """TE 2.17's `transformer_engine.pytorch`, usable on CPU tensors inside the block and gone
     from sys.modules after it. ImplementationUnavailable where its wheel is not installed for this tier."""
+    with attributes_replaced(torch.cuda, _CUDA_QUERIES), environment_set(TE_ENVIRONMENT), CpuAsCuda(), gemm_as_cublas():
+        with te_modules() as te:
+            yield te
+
+
+@contextlib.contextmanager
+def te_modules() -> Iterator[types.ModuleType]:
+    """TE 2.17's modules (imported once, then kept) in sys.modules inside the block, and gone from
+    it after, whatever stands in for CUDA around them (te_on_cpu's blanket, or the emulated GPU of
+    correctness.emulated_gpu). ImplementationUnavailable where its wheel is not installed for this tier."""
     reason = missing_reason()
     if reason is not None:
         raise ImplementationUnavailable(reason)
     others = {name: sys.modules.pop(name) for name in list(sys.modules) if _te_module(name)}
     try:
-        with attributes_replaced(torch.cuda, _CUDA_QUERIES), environment_set(TE_ENVIRONMENT), CpuAsCuda(), gemm_as_cublas():
-            if not _loaded:
-                _loaded.update(_import_te(te_folder()))
-            sys.modules.update(_loaded)
-            yield sys.modules["transformer_engine.pytorch"]
+        if not _loaded:
+            _loaded.update(_import_te(te_folder()))
+        sys.modules.update(_loaded)
+        yield sys.modules["transformer_engine.pytorch"]
     finally:
         for name in list(sys.modules):
             if _te_module(name):

@@ -343,7 +343,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale | None = N
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Recipe scale on the recipe's GPU: TE FusedAdam itself, both the lowered and the FP32 state."""
-    setting = gpu_share_setting(recipe_id, RECIPE, options)
+    setting = gpu_share_setting(recipe_id, options.gpu_at_scale(SMOKE, RECIPE), options)
     return [precision_lever(
         setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), path=TeFusedAdamState, keep_units=False,
     )]

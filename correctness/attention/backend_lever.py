@@ -320,11 +320,12 @@ def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     from correctness.attention.combinations import gpu_sdpa_levers  # it imports the packing lever, which imports this
 
     recipe = lever_recipe(recipe_id, options.recipe)
-    cases = attention_cases(recipe, facts_for(recipe, options.model), RECIPE_SCALE, options, {})
+    scale = options.gpu_at_scale(SMOKE_SCALE, RECIPE_SCALE)
+    cases = attention_cases(recipe, facts_for(recipe, options.model), scale, options, {})
 
     def build(path: Implementation, judged: tuple[Case, ...]) -> Lever:
         lever = attention_backend_lever(
-            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, candidate=path, default=EagerUnfused(), options=options,
+            recipe=recipe, tier=tiers.GPU, scale=scale, candidate=path, default=EagerUnfused(), options=options,
             description=f"torch SDPA's {path.backend} backend against an eager unfused attention and an FP64 reference",
         )
         return replace(lever, cases=judged)
@@ -337,7 +338,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         attention_backend_lever(
-            recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE,
+            recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=options.gpu_at_scale(SMOKE_SCALE, RECIPE_SCALE),
             candidate=TransformerEngine("auto"), default=TransformerEngine("unfused"), options=options,
             description="TE's auto attention backend against its unfused attention and an FP64 reference",
             claims=True,

@@ -137,9 +137,11 @@ def cpu_tier(
     ]
 
 
-def gpu_tier(recipe_id: str, options: LeverOptions, scale: Scale = RECIPE_SCALE) -> list[Lever]:
-    """On a CUDA GPU, masked-softmax fusion as the recipe says: softmax in BF16 against FP32."""
+def gpu_tier(recipe_id: str, options: LeverOptions, scale: Scale | None = None) -> list[Lever]:
+    """On a CUDA GPU, masked-softmax fusion as the recipe says: softmax in BF16 against FP32 (at the
+    recipe's scale, or the given one; the smoke scale on an emulated GPU)."""
     recipe = lever_recipe(recipe_id, options.recipe)
+    scale = scale or options.gpu_at_scale(SMOKE_SCALE, RECIPE_SCALE)
     fusion = masked_softmax_fusion(recipe)
     return [
         softmax_precision_lever(

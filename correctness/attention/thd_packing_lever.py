@@ -162,23 +162,25 @@ def gpu_sdpa_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     from correctness.attention.combinations import gpu_sdpa_levers  # it imports PerRow from here
 
     recipe = lever_recipe(recipe_id, options.recipe)
+    scale = options.gpu_at_scale(PACKING_SMOKE_SCALE, RECIPE_SCALE)
 
     def build(path: Implementation, judged: tuple[Case, ...]) -> Lever:
         lever = packing_lever(
-            recipe=recipe, tier=tiers.GPU, scale=RECIPE_SCALE, packed=path,
+            recipe=recipe, tier=tiers.GPU, scale=scale, packed=path,
             description=f"torch SDPA's {path.backend} backend over packed rows (THD) against the same rows one at a"
             " time (BSHD) and an FP64 reference", options=options,
         )
         return replace(lever, cases=judged)
 
-    return gpu_sdpa_levers(GPU_SDPA_BACKENDS, packing_cases(recipe, RECIPE_SCALE, options), build)
+    return gpu_sdpa_levers(GPU_SDPA_BACKENDS, packing_cases(recipe, scale, options), build)
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     return [
         packing_lever(
-            recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE, packed=TransformerEngine(backend),
+            recipe=recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=options.gpu_at_scale(PACKING_SMOKE_SCALE, RECIPE_SCALE),
+            packed=TransformerEngine(backend),
             description=f"TE's {backend} attention over two packed rows (THD) against the same rows one at a time"
             " (BSHD) and an FP64 reference", options=options,
         )

@@ -227,7 +227,8 @@ def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     ranks for every case."""
     recipe = lever_recipe(recipe_id, options.recipe)
     _runs_impl(recipe, "native")
-    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_GPU, scale="one-gpu", options=options)]
+    return [cross_entropy_lever(recipe, tier=tiers.MEGATRON_GPU, scale=options.gpu_at_scale("smoke", "one-gpu"),
+                                options=options)]
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
@@ -237,7 +238,8 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     _runs_impl(recipe, "te")
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
-    return [cross_entropy_lever(recipe, tier=tier, scale="one-gpu", options=options, candidate=TE_PATH)]
+    return [cross_entropy_lever(recipe, tier=tier, scale=options.gpu_at_scale("smoke", "one-gpu"), options=options,
+                                candidate=TE_PATH)]
 
 SPEC = LeverSpec(
     name=NAME, version=VERSION,

@@ -320,7 +320,8 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """TE's Linear under te.autocast with the recipe's FP8 recipe, against TE's Linear in BF16, on the
     recipe's GPU at the recipe's scale."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [fp8_lever(recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale="recipe", options=options,
+    return [fp8_lever(recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=options.gpu_at_scale("smoke", "recipe"),
+                      options=options,
                       candidate=TeLinear("te-linear-fp8", fp8=True))]
 
 SPEC = LeverSpec(

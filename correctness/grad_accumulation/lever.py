@@ -193,7 +193,8 @@ def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     fuse_wgrad_accumulation."""
     recipe = lever_recipe(recipe_id, options.recipe)
     default = MEGATRON_FUSED if fused_extension() is not None else TeWgrad(fused=True)
-    return [accumulation_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options, default=default)]
+    return [accumulation_lever(recipe, tier=tiers.MEGATRON_GPU, scale=options.gpu_at_scale("smoke", "recipe"),
+                               options=options, default=default)]
 
 
 __all__ = ["NAME", "VERSION", "DESCRIPTION", "cpu_tier", "megatron_gpu_tier", "accumulation_lever", "wgrad_floor"]

@@ -168,7 +168,8 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
 
 
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale="recipe", options=options)]
+    return [loss_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale=options.gpu_at_scale("smoke", "recipe"),
+                       options=options)]
 
 SPEC = LeverSpec(
     name=NAME, version=VERSION,

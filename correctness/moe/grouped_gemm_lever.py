@@ -105,7 +105,8 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
-    return [grouped_gemm_lever(recipe, tier=tier, scale="recipe", options=options, candidate=experts.TeGroupedLinear())]
+    return [grouped_gemm_lever(recipe, tier=tier, scale=options.gpu_at_scale("smoke", "recipe"), options=options,
+                               candidate=experts.TeGroupedLinear())]
 
 SPEC = LeverSpec(
     name=NAME, version=VERSION,

@@ -123,7 +123,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
-    return permute_levers(recipe, tier=tier, scale="recipe", options=options,
+    return permute_levers(recipe, tier=tier, scale=options.gpu_at_scale("smoke", "recipe"), options=options,
                           candidate=permutation.MegatronPermutation(fused=True))
 
 # One factory builds both levers: they share their tests.

@@ -268,7 +268,7 @@ def cpu_tier(
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Recipe scale on the recipe's GPU: the GPU share on TE FusedAdam."""
-    setting = offload_setting(recipe_id, RECIPE, options)
+    setting = offload_setting(recipe_id, options.gpu_at_scale(SMOKE, RECIPE), options)
     return [
         offload_lever(
             setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), options=options,

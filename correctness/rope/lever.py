@@ -216,7 +216,8 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     recipe = lever_recipe(recipe_id, options.recipe)
     tier = tiers.recipe_gpu_tier(recipe.gpu)
     tier = replace(tier, markers=(*tier.markers, "megatron"))
-    return [rope_lever(recipe=recipe, tier=tier, scale="recipe", candidate=UNFUSED, default=TE_FUSED, options=options)]
+    return [rope_lever(recipe=recipe, tier=tier, scale=options.gpu_at_scale("smoke", "recipe"), candidate=UNFUSED,
+                       default=TE_FUSED, options=options)]
 
 ROPE_HELD_TO_TE = HeldEqual(test="tests/test_rope_lever.py::test_fused_arithmetic_stands_in_for_tes_kernel",
                             upstream="TE's FusedRoPEFunc", needs_gpu=True)

@@ -181,7 +181,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None = None) -> list[Lever]:
     """Megatron's TopKRouter on a CUDA GPU with TE (its general_gemm), at a microbatch's tokens."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [router_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options,
+    return [router_lever(recipe, tier=tiers.MEGATRON_GPU, scale=options.gpu_at_scale("smoke", "recipe"), options=options,
                          candidate_dtype=candidate_dtype)]
 
 

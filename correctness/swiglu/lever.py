@@ -232,7 +232,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """Megatron's fused SwiGLU on a CUDA GPU (its jit_fuser compiles Triton kernels), recipe scale."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [swiglu_lever(recipe, tier=tiers.MEGATRON_GPU, scale="recipe", options=options)]
+    return [swiglu_lever(recipe, tier=tiers.MEGATRON_GPU, scale=options.gpu_at_scale("smoke", "recipe"), options=options)]
 
 SPEC = LeverSpec(
     name=NAME, version=VERSION,

@@ -187,10 +187,11 @@ def gpu_attention_levers(recipe: Recipe, options: LeverOptions) -> list[Lever]:
     """Each torch SDPA backend at the recipe's scale that torch's dispatch lets run under deterministic
     algorithms (correctness.attention.combinations: cuDNN attention never does; flash runs packed
     plain-causal rows one at a time, as it takes no mask); none where no backend can."""
-    cases = attention_lever_cases(recipe, RECIPE_SCALE, options)
+    scale = options.gpu_at_scale(CPU_SCALE, RECIPE_SCALE)
+    cases = attention_lever_cases(recipe, scale, options)
 
     def build(path: Implementation, judged: tuple[Case, ...]) -> Lever:
-        return attention_lever(recipe, tier=tiers.GPU, scale=RECIPE_SCALE, base=path, options=options, cases=judged)
+        return attention_lever(recipe, tier=tiers.GPU, scale=scale, base=path, options=options, cases=judged)
 
     try:
         return gpu_sdpa_levers(attention.GPU_SDPA_BACKENDS, cases, build, deterministic=True, rows_apart=True)
@@ -213,7 +214,7 @@ def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """TE's auto attention backend at the recipe's scale: what NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
     makes it select, against what it selects otherwise."""
     recipe = lever_recipe(recipe_id, options.recipe)
-    return [attention_lever(recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=RECIPE_SCALE,
+    return [attention_lever(recipe, tier=tiers.recipe_gpu_tier(recipe.gpu), scale=options.gpu_at_scale(CPU_SCALE, RECIPE_SCALE),
                             base=TransformerEngine("auto"), options=options)]
 
 SPEC = LeverSpec(
