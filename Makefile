@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 # dependency on that path (the others, triton and onnx among them, get inert stand-ins).
 TE_CPU_PACKAGES ?= transformer-engine==2.17.0 einops==0.8.2
 
-.PHONY: install component-tests test benchmark
+.PHONY: install component-tests test emulated-gpu-tests benchmark
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,21 @@ component-tests: install
 
 # The whole suite on every core (pytest-xdist, from the test extra; the workers share the cores'
 # torch threads and merge their lever records): on 2 cores about 30% faster than one process.
+# Then every GPU tier on an emulated GPU (correctness/emulated_gpu, docs/emulated-gpu.md): their code
+# paths end to end before they meet a GPU, never evidence; a GPU tier that would skip for want of a
+# GPU fails instead.
 test: install
 	$(BIN)/python -m pytest -n auto --require-tiers $(REQUIRED_TIERS)
+	$(MAKE) --no-print-directory emulated-gpu-tests
+
+# The GPU tiers' component tests on an emulated GPU (EMULATED_GPU: H100 or H200, eight of them), on
+# every core; their records go to results/<recipe>/.emulated/.
+EMULATED_GPU ?= H100
+GPU_TIER_MARKERS := gpu or h100 or h200 or te
+REQUIRED_GPU_TIERS ?= gpu,megatron,h100,h200
+emulated-gpu-tests: install
+	$(BIN)/python -m pytest component_tests -n auto -m "$(GPU_TIER_MARKERS)" --emulate-gpu $(EMULATED_GPU) \
+		-rfE --disable-warnings --require-tiers $(REQUIRED_GPU_TIERS)
 
 benchmark: install
 	$(BIN)/python benchmarks/cpu_tier.py

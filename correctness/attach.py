@@ -34,7 +34,8 @@ from correctness.recipes import Recipe, load_recipe, validate_recipe
 from correctness.yaml_documents import load_document, write_recipe
 from correctness.recheck import case_problems, recomputed, rule_problem
 from correctness.recipe_binding import argument_differences
-from correctness.results import SKIP, LeverRecord, read_record, records_folder, stated_fields_disagree
+from correctness.results import (SKIP, LeverRecord, emulated_sentence, read_record, records_folder,
+                                 stated_fields_disagree)
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
 
@@ -53,6 +54,8 @@ def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] 
     shapes and settings were derived from those), and every figure, flag and status in it must be
     what its measurements give (correctness.recheck). `stated`: the record as read, whose fields
     written from others must agree with them."""
+    if record.emulated_gpu is not None:
+        return [emulated_sentence(record.emulated_gpu)]
     problems = []
     disagreement = stated_fields_disagree(stated) if stated is not None else None
     if disagreement:

@@ -20,8 +20,14 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 _PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
 
 
+def _on_the_cpu(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's memory is the CPU's, read from torch itself: an emulated GPU's tensors
+    (correctness.emulated_gpu) report CUDA through torch.Tensor's attributes but live here too."""
+    return torch._C.TensorBase.is_cpu.__get__(tensor)
+
+
 def _low_precision_pair(args) -> bool:
-    return (len(args) == 2 and all(isinstance(t, torch.Tensor) and t.is_cpu for t in args)
+    return (len(args) == 2 and all(isinstance(t, torch.Tensor) and _on_the_cpu(t) for t in args)
             and args[0].dtype in LOW_PRECISION and args[0].dtype == args[1].dtype)
 
 

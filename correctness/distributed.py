@@ -14,8 +14,10 @@ vocab-parallel cross entropy at TP 2, a data-parallel all-reduce over 8 ranks) w
   (TORCH_COMPILE_DISABLE: torch._dynamo's config) is read by the server, from the environment of
   the caller's first run. Ranks that use CUDA (`cuda=True`) are spawned instead: a process forked
   from one that may have touched CUDA (megatron-core's import, with Transformer Engine installed)
-  cannot use it. So are the ranks of a caller under an emulated GPU (CORRECTNESS_EMULATE_GPU): each
-  enters that emulation (correctness.emulated_gpu) before it imports megatron-core.
+  cannot use it. A caller under an emulated GPU (CORRECTNESS_EMULATE_GPU) gets a server that entered
+  that emulation before its imports (correctness.emulated_gpu.rank_server), so its ranks start inside
+  it and megatron-core sees Transformer Engine as on a GPU machine; a server of another emulation, or
+  of none, is stopped first.
 - The group meets through a file in a fresh temporary folder (`file://` init), not a TCP port, so
   pytest-xdist workers and concurrent runs never collide.
 - A rank that raises ends the run: every rank is stopped, and DistributedError names the rank and
@@ -53,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from correctness.emulated_gpu.gpus import VARIABLE as EMULATION_VARIABLE
+from correctness.emulated_gpu.kernels import add_calls
 from correctness.errors import CorrectnessError
 
 DEFAULT_TIMEOUT = 300.0  # seconds for the whole run, start-up included
@@ -81,6 +84,7 @@ def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: 
     import torch
     import torch.distributed as dist
 
+    from correctness.emulated_gpu.kernels import snapshot as kernel_calls
     from correctness.emulated_gpu.session import enter_from_environment
 
     torch.set_num_threads(threads)
@@ -91,7 +95,8 @@ def _rank_main(function: Callable[..., Any], rank: int, world_size: int, store: 
             try:
                 # Pickled by value here: the queue's own pickler would send tensors as shared-memory
                 # handles, which die with this process before the caller has read them.
-                results.put((rank, True, pickle.dumps(function(rank, world_size, *args))))
+                # With the emulated GPU's stand-in calls made here, which the caller counts as its own.
+                results.put((rank, True, pickle.dumps((function(rank, world_size, *args), kernel_calls()))))
             except BaseException as error:  # reported before the group goes down and breaks the peers'
                 results.put((rank, False, _one_line(error)))
             finally:
@@ -119,18 +124,31 @@ def _one_line(error: BaseException) -> str:
     return " ".join(f"{type(error).__name__}: {error}{where}".split())
 
 
+_served: list[str | None] = [None]  # the emulated GPU the running rank server entered (None: none)
+
+
+def _rank_server(emulation: str | None) -> Any:
+    """The forkserver context for ranks under `emulation` (a CORRECTNESS_EMULATE_GPU spec, or None):
+    a server started under another emulation, or under none, is stopped first, so that a rank is
+    only ever forked from a server in its caller's emulation (correctness.emulated_gpu.rank_server
+    enters it in the server before megatron-core is imported)."""
+    if rank_server_pid() is not None and _served[0] != emulation:
+        stop_rank_server()
+    _served[0] = emulation
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload((["correctness.emulated_gpu.rank_server"] if emulation else []) + PRELOADED)
+    return context
+
+
 def run_ranks(function: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT,
               threads: int = 1, cuda: bool = False) -> list[Any]:
     """function(rank, world_size, *args) on each of `world_size` gloo ranks; their results in rank order."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be a positive integer, got {world_size!r}")
-    if cuda or os.environ.get(EMULATION_VARIABLE):
-        # An emulated GPU's ranks enter its emulation before they import megatron-core, so that it
-        # sees Transformer Engine as on a GPU machine: spawned, as CUDA ranks are.
+    if cuda:
         context = multiprocessing.get_context("spawn")
     else:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(PRELOADED)
+        context = _rank_server(os.environ.get(EMULATION_VARIABLE) or None)
     results = context.Queue()
     lifeline, held_end = context.Pipe(duplex=False)  # the ranks read; the caller holds the other end
     environment = dict(os.environ)
@@ -182,7 +200,8 @@ def _collect(processes, results, world_size: int, timeout: float, name: str) -> 
             first_rank, first = errors[0]
             cause = f"{dead}; then " if dead else ""
             raise DistributedError(f"{name} on {world_size} gloo ranks: {cause}rank {first_rank} raised {first}")
-        values[rank] = pickle.loads(value)
+        values[rank], calls = pickle.loads(value)
+        add_calls(calls)
     return [values[rank] for rank in range(world_size)]
 
 

@@ -6,7 +6,8 @@ has for it without a GPU record, and the tier that gives it; an argument that on
 tiers does not reach on the CPU has its own (`LeverSpec.argument_evidence`). A results folder
 (`correctness levers --results DIR`) adds what only records can say:
 - a GPU record of the lever (device `cuda`, a named device, a case that ran) upgrades its evidence to
-  `gpu-run`, with the device and the date;
+  `gpu-run`, with the device and the date; a record made on an emulated GPU never does (it proves
+  code paths, not numbers), wherever it lies;
 - a CPU record at the declared tier checks the declaration: an `upstream` or `stand-in` lever whose
   candidate is bitwise the default on every tensor of every case, or a `bookkeeping` one whose
   candidate differs, contradicts it.
@@ -115,7 +116,11 @@ def candidate_differs(record: LeverRecord) -> bool | None:
 
 
 def _run(record: LeverRecord, path: Path) -> GpuRun | CpuRun | None:
+    """The run a record gives evidence of; None for one that gives none (no case ran, no device
+    named, or an emulated GPU's: code paths, never numbers)."""
     lever = record.lever
+    if record.emulated_gpu is not None:
+        return None
     if lever["device"] == "cpu":
         return CpuRun(lever=lever["name"], version=lever["version"], tier=lever["tier"],
                       differs=candidate_differs(record), path=str(path))

@@ -382,12 +382,13 @@ def _format_result(
 
 @contextlib.contextmanager
 def _cpu_settings(lever: Lever) -> Iterator[None]:
-    """For a CPU lever: torch's intra-op threads set to the lever's `cpu_threads` (None: left as
-    they are), and denormal floats flushed to zero. Denormals (the tails of softmax's exponentials)
+    """For a CPU lever, and a GPU lever on the emulated GPU (which computes on the CPU): torch's
+    intra-op threads set to the lever's `cpu_threads` (None: left as they are), and denormal
+    floats flushed to zero. Denormals (the tails of softmax's exponentials)
     slow an x86 core's arithmetic up to about 100x on some CPUs; values below 1.2e-38 (FP32) and
     2.2e-308 (FP64) change no figure (the records are identical with and without), and GPU kernels
     commonly flush them too. torch has no getter for the flag, so it is left off (its default)."""
-    if lever.tier.device != "cpu":
+    if lever.tier.device != "cpu" and emulation_active() is None:
         yield
         return
     saved = torch.get_num_threads()

@@ -267,6 +267,11 @@ class Lever:
     # The candidate's narrower format, where it has one (correctness.lever.FormatFloor): a case
     # whose candidate fails the rule only as its format must is `format-limited`, not `fail`.
     format_floor: FormatFloor | None = None
+    # (case, its result) -> why a failed case is an upstream limitation the lever documents (a fused
+    # kernel that takes no window, where it ran), else None: the pytest plugin reports such a case as
+    # an expected failure (xfail), and its record keeps it failed. Never for a failure this suite's
+    # own code could cause; None: every failure is a failure.
+    known_failure: Callable[[Case, CaseResult], str | None] | None = None
     # The --scale its CPU tier's cases were built at, as recorded: "smoke" or "recipe"
     # (LeverOptions.recorded sets it). A GPU tier's shapes are its own, and its record says null;
     # an emulated GPU's tier runs the smoke scale, and its record says so.

@@ -192,13 +192,19 @@ def _evidence(lever: str, flags: tuple[str, ...], records: list[LeverRecord], re
 
 def judge_recipe(recipe: Recipe, classification: Classification, records: Iterable[LeverRecord],
                  skip_reasons: Mapping[str, Collection[str]] | None = None) -> RecipeVerdict:
-    """The recipe's verdict from a run's records of it (records of other recipes are left out);
-    `skip_reasons`: lever -> why its tests skipped, for a needed lever of which no record was written."""
-    skip_reasons = skip_reasons or {}
+    """The recipe's verdict from a run's records of it (records of other recipes are left out, and
+    records made on an emulated GPU count as none: each is named as the reason where its lever has no
+    other); `skip_reasons`: lever -> why its tests skipped, for a needed lever of which no record was written."""
+    skip_reasons = {lever: list(reasons) for lever, reasons in (skip_reasons or {}).items()}
     by_lever: dict[str, list[LeverRecord]] = {}
     for record in records:
-        if record.recipe.id == recipe.id:
-            by_lever.setdefault(record.lever["name"], []).append(record)
+        if record.recipe.id != recipe.id:
+            continue
+        if record.emulated_gpu is not None:  # code paths, never evidence: said where the lever has no other record
+            skip_reasons.setdefault(record.lever["name"], []).append(
+                f"{record.lever['tier']}: emulated {record.emulated_gpu} only, not evidence")
+            continue
+        by_lever.setdefault(record.lever["name"], []).append(record)
     needed = needed_levers(classification)
     levers = tuple(_evidence(lever, flags, by_lever.get(lever, []), skip_reasons.get(lever, ()))
                    for lever, flags in needed.items())

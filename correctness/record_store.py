@@ -12,8 +12,8 @@ written beside, in a hidden folder of the same folder, under the same name:
 - `.partial/<record id>.json`: a record that decided fewer of the declared cases than the one held (a
   run of some cases only, a case that skipped where the held record ran it);
 - `.emulated/<record id>.json`: a record made on an emulated GPU (`provenance.emulated_gpu`,
-  correctness.emulated_gpu), always: it proves code paths, never numbers, so it never takes the
-  place of a record that could be evidence.
+  correctness.emulated_gpu), always (in `.interrupted/` where it was cut short): it proves code
+  paths, never numbers, so it never takes the place of a record that could be evidence.
 
 So an interrupted run never turns a complete record into an empty one, and a failure is never
 hidden: a run whose case failed where the held record's passed decided that case, and replaces it.
@@ -45,7 +45,7 @@ from typing import Any
 
 from correctness.errors import CorrectnessError
 from correctness.files import pid_alive
-from correctness.results import (SKIP, LeverRecord, merge_records, read_record, record_path, record_to_json,
+from correctness.results import (SKIP, LeverRecord, emulated_gpu, merge_records, read_record, record_path, record_to_json,
                                  write_record)
 
 INTERRUPTED_FOLDER = ".interrupted"
@@ -65,19 +65,14 @@ def store_record(record: LeverRecord | Mapping[str, Any], results_dir: Path) -> 
     docstring), atomically; return its path."""
     data = record_to_json(record) if isinstance(record, LeverRecord) else record
     place = record_path(data, results_dir)
-    if emulated(data):
-        return write_record(data, results_dir, beside(place, EMULATED_FOLDER))
     if data["interrupted"]:
         return write_record(data, results_dir, beside(place, INTERRUPTED_FOLDER))
+    if emulated_gpu(data.get("provenance", {})) is not None:
+        return write_record(data, results_dir, beside(place, EMULATED_FOLDER))
     held = decided_cases_held(place)
     if held is not None and not held <= decided_cases(data):
         return write_record(data, results_dir, beside(place, PARTIAL_FOLDER))
     return write_record(data, results_dir, place)
-
-
-def emulated(data: Mapping[str, Any]) -> bool:
-    """Whether a record (JSON form) was made on an emulated GPU."""
-    return "emulated_gpu" in data.get("provenance", {})
 
 
 def beside(place: Path, folder: str) -> Path:

@@ -302,6 +302,25 @@ class LeverRecord:
         """The cases that were judged (a case that failed with an error before its judgement was not)."""
         return [case for case in self.cases if case.candidate is not None]
 
+    @property
+    def emulated_gpu(self) -> str | None:
+        return emulated_gpu(self.provenance)
+
+
+def emulated_gpu(provenance: Mapping[str, Any]) -> str | None:
+    """The GPU a run on an emulated GPU stood for ("H100"; `provenance.emulated_gpu`,
+    correctness.emulated_gpu), None for a run on a real device. Such a record proves code paths,
+    never a GPU's numbers: no reader counts it as evidence."""
+    emulated = provenance.get("emulated_gpu") if isinstance(provenance, Mapping) else None
+    if emulated is None:
+        return None
+    return str(emulated.get("gpu", "GPU")) if isinstance(emulated, Mapping) else "GPU"
+
+
+def emulated_sentence(gpu: str) -> str:
+    return (f"it was made on an emulated {gpu} (--emulate-gpu): it proves the GPU tier's code paths, never a GPU's"
+            " numbers, so it is no evidence")
+
 
 def _from_json(kind: Any, value: Any) -> Any:
     """A value of the record's JSON form as the type `kind` (a dataclass, tuple[X, ...], X | None,

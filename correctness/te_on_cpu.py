@@ -74,6 +74,10 @@ TE_ENVIRONMENT = {"NVTE_MASKED_SOFTMAX_FUSION": "0"}
 # NVTE_TORCH_COMPILE=0 (jit.py 37-44): TE's small fused functions run eagerly, not through
 # torch.compile, which on a CPU would need a C++ compiler (none on the unfused attention path).
 IMPORT_ENVIRONMENT = {"NVTE_PROJECT_BUILDING": "1", "NVTE_TORCH_COMPILE": "0"}
+# Where triton is installed, TE's Triton kernels (and triton's own, where torch._dynamo imports
+# triton first here) are defined for Triton's interpreter, the only way a CPU can run one (the
+# emulated GPU does: correctness.emulated_gpu.triton_interpreter); the te-cpu tier launches none.
+TRITON_ENVIRONMENT = {"TRITON_INTERPRET": "1"}
 _TE_PREFIXES = ("transformer_engine", "transformer_engine_torch")
 # Imported unconditionally by TE's Python, used by no code on this tier's path: inert during TE's
 # import where they are not installed.
@@ -414,7 +418,8 @@ def te_modules() -> Iterator[types.ModuleType]:
     others = {name: sys.modules.pop(name) for name in list(sys.modules) if _te_module(name)}
     try:
         if not _loaded:
-            _loaded.update(_import_te(te_folder()))
+            with environment_set(TRITON_ENVIRONMENT):
+                _loaded.update(_import_te(te_folder()))
         sys.modules.update(_loaded)
         yield sys.modules["transformer_engine.pytorch"]
     finally:

@@ -191,3 +191,27 @@ def test_check_and_classify_word_an_added_flag_alike(tmp_path, capsys):
     assert any(finding.get("detail", "").startswith("--optimizer-cpu-offload absent -> on:") for finding in findings)
     main(["classify", str(recipe)])
     assert "--optimizer-cpu-offload               absent -> on" in capsys.readouterr().out
+
+
+def test_run_on_an_emulated_gpu_runs_the_gpu_tiers_and_leaves_the_recipe_incomplete(tmp_path):
+    """`correctness run --emulate-gpu H100`: the recipe GPU's and any GPU's tiers run (here the offload
+    lever's TE FusedAdam tier), their records are kept in .emulated/, and the recipe is not judged on
+    them: incomplete, exit 1, each needed lever saying why."""
+    results = tmp_path / "results"
+    finished = run_cli("run", str(recipe_path(GEMMA)), "--emulate-gpu", "H100", "--results-dir", str(results), "--json",
+                       "--", "-k", "offload_with_te_fused_adam", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert finished.returncode == 1, finished.stderr[-3000:]
+    data = json.loads(finished.stdout)
+    assert data["markers"] == "gpu or h100"
+    (record,) = data["records"]
+    assert record["tier"] == "h100" and record["verdict"] == "pass" and "/.emulated/" in record["path"]
+    assert data["verdict"]["verdict"] == "incomplete"
+    offload = next(lever for lever in data["verdict"]["levers"] if lever["lever"] == "optimizer-offload")
+    assert offload["verdict"] == "not run" and "h100: emulated H100 only, not evidence" in offload["reasons"]
+
+
+def test_run_refuses_an_emulated_gpu_with_the_cpu_tier(tmp_path):
+    finished = run_cli("run", str(recipe_path(GEMMA)), "--emulate-gpu", "H100", "--tier", "cpu", cwd=tmp_path)
+    assert finished.returncode == 2
+    assert finished.stderr.strip().splitlines() == [
+        "correctness run: --emulate-gpu runs the GPU tiers on an emulated GPU; --tier cpu runs none of them"]

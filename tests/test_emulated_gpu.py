@@ -63,6 +63,14 @@ def test_a_tensor_is_where_the_code_put_it(gpu):
     assert torch.ones(1, device="cuda").device == torch.device("cuda:5")
 
 
+def test_a_bare_device_index_names_a_gpu(gpu):
+    """An integer device is the accelerator's device of that index, as on a GPU machine (TE allocates its cuBLAS
+    workspace with torch.empty(..., device=A.device.index): cpp_extensions/gemm.py 61); torch's CPU build asks
+    for an accelerator there ("Cannot access accelerator device when none is available")."""
+    assert torch.empty(4, dtype=torch.uint8, device=0).device == torch.device("cuda:0")
+    assert torch.zeros(2, device=1).device == torch.device("cuda:1")
+
+
 def test_a_cpu_tensor_among_gpu_tensors_raises_as_on_a_gpu(gpu):
     placed = torch.randn(4, 4, device="cuda")
     with pytest.raises(DeviceMismatch, match="Expected all tensors to be on the same device.*cuda:0 and cpu"):
@@ -95,6 +103,37 @@ def test_gradients_live_where_their_tensors_do(gpu):
     assert back.grad.is_cuda
 
 
+def test_a_dtype_conversion_keeps_the_gpu_forward_and_backward(gpu):
+    """torch passes a tensor's own options (its device the CPU underneath) to the conversion in
+    type_as and in a conversion's backward: the result stays on the GPU (megatron's router's
+    type_as, its unpermute's scatter_add in FP32 converted back to BF16)."""
+    low = torch.randn(4, 3, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert torch.sigmoid(low.float()).type_as(low).is_cuda
+    low.float().square().sum().backward()
+    assert low.grad.is_cuda
+    rows = torch.randn(4, 3, device="cuda", requires_grad=True)
+    index = torch.tensor([[0], [1], [1], [2]], device="cuda").expand(-1, 3)
+    summed = torch.zeros(3, 3, device="cuda").scatter_add(0, index, rows)
+    summed.to(dtype=torch.bfloat16).sum().backward()
+    assert rows.grad.is_cuda
+    assert torch.randn(3, device="cuda").cpu().float().device.type == "cpu"
+
+
+@torch.library.custom_op("emulated_gpu_test::scaled_copy", mutates_args=[])
+def _scaled_copy(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # as TE's te_moe ops allocate
+    return out.copy_(x * 2 + other)
+
+
+def test_a_custom_ops_body_keeps_the_placement_rules(gpu):
+    """A torch.library custom op's Python body (TE's te_moe permutation) makes its tensors on the
+    input's GPU and mixes devices only as a GPU allows."""
+    placed = torch.ones(3, device="cuda")
+    assert torch.ops.emulated_gpu_test.scaled_copy(placed, torch.ones(3, device="cuda")).is_cuda
+    with pytest.raises(DeviceMismatch):
+        torch.ops.emulated_gpu_test.scaled_copy(placed, torch.ones(3))
+
+
 def test_memory_queries_count_the_gpu_tensors(gpu):
     before = torch.cuda.memory_allocated()
     held = torch.empty(1024, 1024, device="cuda")
@@ -118,6 +157,16 @@ def test_the_gpu_draws_from_its_own_generator(gpu):
     assert torch.equal(torch.rand(3, device="cuda"), again) and not torch.equal(gpu_draw, again)
 
 
+def test_a_generator_made_for_the_gpu_draws_there(gpu):
+    """torch.Generator(device="cuda"), which a CPU build refuses ("Cannot get CUDA generator"): a CPU
+    generator that says its GPU; every generator is still a torch.Generator."""
+    made = torch.Generator(device="cuda:1")
+    assert made.device == torch.device("cuda", 1) and isinstance(made, torch.Generator)
+    assert isinstance(torch.default_generator, torch.Generator) and torch.Generator().device.type == "cpu"
+    drawn = torch.randn(4, generator=made.manual_seed(3), device="cuda")
+    assert drawn.is_cuda and torch.equal(drawn.cpu(), torch.randn(4, generator=torch.Generator().manual_seed(3)))
+
+
 def test_streams_events_and_pinned_memory(gpu):
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -133,6 +182,53 @@ def test_streams_events_and_pinned_memory(gpu):
     torch.ones(2, device="cuda").record_stream(side)
     with pytest.raises(runtime.NotEmulated, match="CUDA graph capture"):
         torch.cuda.CUDAGraph().capture_begin()
+
+
+def test_each_emulation_starts_on_its_own_default_stream():
+    """A stream made current in one emulation (Megatron's HybridDeviceOptimizer steps under
+    `torch.cuda.stream(side)`) is not the next emulation's current stream."""
+    with emulated_gpu(parse_emulated("H100x1")):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            pass
+    with emulated_gpu(parse_emulated("H100x1")):
+        assert torch.cuda.current_stream() is torch.cuda.default_stream()
+
+
+def test_a_factory_asked_for_pinned_memory_gives_a_pinned_cpu_tensor(gpu):
+    """Megatron's HybridDeviceOptimizer allocates its host gradient buffers with
+    torch.empty(..., pin_memory=True, device="cpu") (hybrid_optimizer.py 109-111)."""
+    buffer = torch.empty(4, dtype=torch.bfloat16, pin_memory=True, device="cpu")
+    assert buffer.is_pinned() and buffer.device.type == "cpu" and not buffer.is_cuda
+    buffer.copy_(torch.ones(4, device="cuda"), non_blocking=True)  # a device-to-host copy into it
+    assert buffer.is_pinned() and torch.equal(buffer, torch.ones(4, dtype=torch.bfloat16))
+
+
+class _OnTheGpu(torch.Tensor):
+    """A wrapper subclass made on "cuda", as TE's Float8Tensor is: no storage of its own, its values in
+    an inner tensor its __torch_dispatch__ writes."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        made = torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=torch.device("cuda", 0))
+        made.inner = inner
+        return made
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.copy_.default:
+            args[0].inner.copy_(args[1])
+            return args[0]
+        raise NotImplementedError(f"{func} on a test wrapper")
+
+
+def test_copy_into_a_wrapper_subclass_made_on_the_gpu_reaches_its_dispatch(gpu):
+    """TE FusedAdam stores FP8 moments with `state.copy_(fp32_values)` on a Float8Tensor (fused_adam.py 300):
+    torch's Python binding of copy_ guards it with a CUDA device guard a CPU build cannot make."""
+    wrapper = _OnTheGpu(torch.zeros(3, device="cuda"))
+    assert wrapper.copy_(torch.arange(3.0, device="cuda")) is wrapper
+    assert torch.equal(wrapper.inner, torch.arange(3.0, device="cuda"))
+    plain = torch.zeros(3, device="cuda")
+    assert plain.copy_(torch.ones(3)) is plain and plain.is_cuda and torch.equal(plain.cpu(), torch.ones(3))
 
 
 def test_a_record_says_it_was_emulated(gpu):

@@ -510,6 +510,29 @@ def test_a_lever_may_run_its_cases_on_a_given_number_of_threads():
     assert torch.get_num_threads() == before
 
 
+def test_a_gpu_lever_on_the_emulated_gpu_runs_with_the_cpus_settings():
+    """The emulated GPU computes on the CPU: a GPU tier's lever there gets its `cpu_threads` and flushed
+    denormals, as a CPU lever does (two threads made the Adam levers' emulated tiers several times slower)."""
+    from correctness.emulated_gpu.gpus import parse_emulated
+    from correctness.emulated_gpu.session import emulated_gpu
+    from correctness.tiers import GPU
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads, denormals = SeesThreads(CANDIDATE), SeesDenormals(CANDIDATE)
+        on_the_host = toy_case(0)  # the toy sums are CPU code: their inputs stay on the CPU
+        on_the_host = replace(on_the_host, make_inputs=lambda device, make=on_the_host.make_inputs: make("cpu"))
+        for seeing in (threads, denormals):
+            lever = toy_lever(tier=GPU, candidate=seeing, controls=(doubled_inputs_control(seeing),), cpu_threads=1)
+            with emulated_gpu(parse_emulated("H100x1")):
+                assert run_case(lever, on_the_host).status == "pass"
+        assert set(threads.seen) == {1} and torch.get_num_threads() == 2
+        assert set(denormals.seen) == {False} or not torch.set_flush_denormal(False)
+    finally:
+        torch.set_num_threads(before)
+
+
 # run_lever and the lever verdict
 
 

@@ -154,6 +154,23 @@ def test_the_nccl_tier_skips_with_the_reason_without_two_gpus():
     assert result.status == "skip" and "NCCL rank needs a GPU of its own" in result.skip_reason
 
 
+def test_on_an_emulated_gpu_the_nccl_tier_starts_two_ranks_and_says_why():
+    """Each rank on an emulated GPU is a spawned process (about 4 s of CPU to start): the tier runs
+    DP 2 (and Gemma's own DP 1) of the 8 emulated GPUs, and its case says why no more."""
+    from correctness.emulated_gpu.gpus import parse_emulated
+    from correctness.emulated_gpu.session import emulated_gpu
+
+    emulation = parse_emulated("H100")
+    with emulated_gpu(emulation):
+        (gemma,) = reduction.gpu_tier(GEMMA, LeverOptions(emulated=emulation))
+        (nemotron,) = reduction.gpu_tier(NEMOTRON, LeverOptions(emulated=emulation))
+    assert gemma.cases[0].shape.dp_sizes == (1, 2) and nemotron.cases[0].shape.dp_sizes == (2,)
+    assert any("an emulated GPU runs at most 2 NCCL ranks" in note for note in nemotron.cases[0].shape.notes)
+    assert any("DP 2 shows what the lever does" in note for note in gemma.cases[0].shape.notes)
+    assert reduction.gpu_ranks(LeverOptions()) == ((torch.cuda.device_count() if torch.cuda.is_available() else 0),
+                                                   reduction.ONE_GPU_PER_RANK)
+
+
 # --- Megatron's own sync on ranks --------------------------------------------------------------
 
 

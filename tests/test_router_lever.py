@@ -188,3 +188,19 @@ def test_an_fp64_router_passes_against_fp32():
     assert result.status == "pass", result.failures
     assert result.format is None
     assert lever.description.startswith("Megatron's MoE router with its logits in FP64 against FP32")
+
+
+def test_the_record_names_the_te_gemm_shim_only_where_it_bound_the_name(monkeypatch):
+    """Beside TE 2.17 megatron-core 0.16.1 binds moe_utils.te_general_gemm to None itself (its import
+    of TE's get_workspace, removed in TE 2.11, fails), and the router's GEMM is torch.mm with no shim;
+    without TE the name is undefined and the shim binds it."""
+    from megatron.core.transformer.moe import moe_utils
+
+    inputs = small(router.cpu_tier(NEMOTRON, LeverOptions())[0]).cases[0].make_inputs(torch.device("cpu"))
+    monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    bound_by_megatron = MegatronRouter(None).run(inputs).details
+    monkeypatch.delattr(moe_utils, "te_general_gemm")
+    bound_by_the_shim = MegatronRouter(None).run(inputs).details
+    assert "te_general_gemm undefined -> None" not in bound_by_megatron["shims"]
+    assert "te_general_gemm undefined -> None" in bound_by_the_shim["shims"]
+    assert bound_by_megatron["gemm"].startswith("torch.mm") and bound_by_the_shim["gemm"].startswith("torch.mm")

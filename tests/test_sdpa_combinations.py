@@ -24,7 +24,8 @@ PLAIN = tiny_shape(window=None, dtype="bf16", head_dim=128)  # plain causal BSHD
     ("flash", PLAIN.with_changes(head_dim=512), False, "one head dim of at most 256"),
     ("cudnn", PLAIN.with_changes(head_dim=512), False, "head dims of at most 256"),
     ("cudnn", PLAIN, True, "whenever deterministic algorithms are on"),
-    ("efficient", PLAIN.with_changes(head_dim=12), False, "divisible by 8 at bf16"),
+    ("cudnn", tiny_shape(window=None, dtype="bf16", head_dim=160), False, "backward takes head dims of at most 128"),
+    ("efficient", tiny_shape(window=None, dtype="bf16", head_dim=12), False, "divisible by 8 at bf16"),
 ])
 def test_each_dispatch_rule_refuses_what_torch_refuses(backend, shape, deterministic, rule):
     reason = dispatch_refusal(backend, shape, deterministic=deterministic)
@@ -44,6 +45,12 @@ def test_no_backend_runs_what_the_sdpa_path_cannot_express(backend):
 ])
 def test_what_the_rules_allow_is_left_to_run(backend, shape):
     assert dispatch_refusal(backend, shape) is None
+
+
+def test_efficient_is_left_to_run_where_the_path_pads_v_and_q_to_one_head_dim():
+    # q and k of 12, V of 128: the path's zero-padded attempt gives efficient attention 128 throughout
+    shape = PLAIN.with_changes(head_dim=12)
+    assert shape.v_head_dim == 128 and dispatch_refusal("efficient", shape) is None
 
 
 def backends(levers):

@@ -8,6 +8,7 @@ import torch
 from dataclasses import dataclass
 
 from correctness import Case, Control, Lever, Mutated, ImplementationOutput, run_case
+from correctness.lever import Tier
 from correctness.fixtures import recipe_path
 from correctness.harness import build_record
 from correctness.recipes import Recipe, load_recipe
@@ -30,18 +31,20 @@ class Sum:
 
 def toy_case(seed: int, **changes) -> Case:
     def make_inputs(device):
-        return torch.rand(4, 64, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+        return torch.rand(4, 64, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=torch.bfloat16)
 
     return Case(**{"id": f"sums-seed{seed}", "shape": "4 x 64", "seed": seed, "source": "synthetic",
                    "variant": "uniform", "make_inputs": make_inputs, **changes})
 
 
-def toy_record(folder: Path, cases=None, *, run=None, name: str = "sums", recipe: Recipe | None = None) -> Path:
+def toy_record(folder: Path, cases=None, *, run=None, name: str = "sums", recipe: Recipe | None = None,
+               tier: Tier = CPU) -> Path:
     """Write the record of lever `toy-NAME` (its entry's test: "toy sums NAME") over `cases`
-    (default: one seeded case), of the cases `run` (default: all), for `recipe` (default: Gemma's)."""
+    (default: one seeded case), of the cases `run` (default: all), for `recipe` (default: Gemma's),
+    in `tier` (default: the CPU's)."""
     candidate = Sum("fp32 sums", torch.float32)
     lever = Lever(
-        name=f"toy-{name}", version=1, tier=CPU, description=f"toy sums {name}",
+        name=f"toy-{name}", version=1, tier=tier, description=f"toy sums {name}",
         recipe=(recipe or load_recipe(recipe_path(GEMMA))).ref,
         cases=tuple(cases or (toy_case(0),)), candidate=candidate, default=Sum("bf16 sums", torch.bfloat16),
         reference=Sum("fp64 sums", torch.float64),

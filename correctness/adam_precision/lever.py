@@ -294,7 +294,8 @@ def _bias_correction_unseen(case: Case) -> str | None:
 
 
 def precision_lever(
-    setting: OffloadSetting, *, tier: Tier, path: Callable[..., Implementation], keep_units: bool
+    setting: OffloadSetting, *, tier: Tier, path: Callable[..., Implementation], keep_units: bool,
+    options: LeverOptions,
 ) -> Lever:
     """The lever of both tiers: `path` (a path class taking the state dtypes and the control
     switches) with the case's dtypes against the same class with FP32 state, and FP64."""
@@ -330,7 +331,8 @@ def precision_lever(
         format_floor=FormatFloor(format=FORMAT, roundings=ROUNDINGS, implementation=ByCase(
             make=Fp64StoredAdamW, label="fp64-adamw-state-stored-in-the-case-dtypes")),
         summarize=share_summary(gpu_names, {p.name: p.numel for p in setting.slices}),
-        cpu_threads=1 if tier.device == "cpu" else None,
+        # on the CPU (the emulated GPU's too), one thread is as fast on blocks of at most 2.1M elements
+        cpu_threads=1 if tier.device == "cpu" or options.emulated is not None else None,
     )
 
 
@@ -338,14 +340,16 @@ def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale | None = N
     """On the CPU (smoke scale, or the recipe's with --scale recipe): TE FusedAdam's storage emulated
     (EmulatedFusedAdam)."""
     setting = gpu_share_setting(recipe_id, scale or options.at_scale(SMOKE, RECIPE), options)
-    return [precision_lever(setting, tier=tiers.CPU, path=EmulatedFusedAdam, keep_units=True)]
+    return [precision_lever(setting, tier=tiers.CPU, path=EmulatedFusedAdam, keep_units=True, options=options)]
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
-    """Recipe scale on the recipe's GPU: TE FusedAdam itself, both the lowered and the FP32 state."""
+    """Recipe scale on the recipe's GPU: TE FusedAdam itself, both the lowered and the FP32 state. On the
+    emulated GPU (the smoke scale) the units and the FP64 references are shared by the cases, as on the CPU."""
     setting = gpu_share_setting(recipe_id, options.gpu_at_scale(SMOKE, RECIPE), options)
     return [precision_lever(
-        setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), path=TeFusedAdamState, keep_units=False,
+        setting, tier=tiers.recipe_gpu_tier(setting.recipe.gpu), path=TeFusedAdamState,
+        keep_units=options.emulated is not None, options=options,
     )]
 
 SPEC = LeverSpec(

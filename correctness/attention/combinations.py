@@ -4,7 +4,8 @@ GPU is touched.
 torch's SDPA dispatch refuses a backend by fixed rules (aten/src/ATen/native/transformers/cuda/
 sdp_utils.cpp, read in the stored copy at commit 001f694, of the 2.11 era: its cuDNN rules name
 cuDNN 9.15 and the d256 backward; each rule below names the function of that file that applies it,
-functions being steadier across versions than line numbers). A case a
+functions being steadier across versions than line numbers; the rules' numbers and conditions are
+correctness.attention.sdpa_rules', which the emulated GPU's SDPA applies too). A case a
 rule refuses whatever the GPU and cuDNN would only skip at run time; here it is marked as such
 before it runs: an optional case with the rule as its skip reason (listed in the record, changing
 no verdict), and a backend the rules refuse on every case is dropped from its tier, with the
@@ -23,13 +24,11 @@ from dataclasses import dataclass, replace
 
 from correctness.attention.thd_packing_lever import PerRow
 from correctness.attention.sdpa import Sdpa, uses_is_causal
+from correctness.attention.sdpa_rules import (FLASH_MAX_HEAD_DIM, PERMISSIVE_GPU, cudnn_backward_head_dims_fit,
+                                              cudnn_head_dim_limit, cudnn_refuses_determinism, efficient_head_dims_fit,
+                                              flash_head_dims_fit, gemm_alignment)
 from correctness.attention.shapes import AttentionShape
 from correctness.lever import Case, Implementation, Lever, NotApplicable
-
-FLASH_MAX_HEAD_DIM = 256  # check_head_dim_size_flash: "All head_dim sizes must be equal and less than 256"
-CUDNN_MAX_HEAD_DIM = 256  # check_cudnn_tensor_shapes: head_dim_limit 128, 256 at most (sm90/sm10x, cuDNN > 9.22)
-# minimum_gemm_alignment on sm80 and newer: 128 bits of a tensor-core operand (8 BF16/FP16, 4 FP32)
-EFFICIENT_ALIGNMENT = {"bf16": 8, "fp16": 8, "fp32": 4}
 
 
 def _mask_needed(shape: AttentionShape) -> str:
@@ -52,20 +51,27 @@ def dispatch_refusal(backend: str, shape: AttentionShape, *, deterministic: bool
         if not uses_is_causal(shape):
             return (f"torch SDPA flash takes no attention mask (sdp_utils.cpp can_use_flash_attention:"
                     f" check_for_attn_mask), and {_mask_needed(shape)}")
-        if head_dim > FLASH_MAX_HEAD_DIM:
+        if not flash_head_dims_fit(head_dim, head_dim, head_dim):
             return (f"torch SDPA flash needs one head dim of at most {FLASH_MAX_HEAD_DIM} for q, k and v"
                     f" (sdp_utils.cpp check_head_dim_size_flash); this case has {head_dim}")
     if backend == "cudnn":
-        if deterministic:
+        if cudnn_refuses_determinism(deterministic, warn_only=False):
             return ("torch refuses SDPA cuDNN attention whenever deterministic algorithms are on"
                     " (sdp_utils.cpp can_use_cudnn_attention: check_cudnn_deterministic)")
-        if head_dim > CUDNN_MAX_HEAD_DIM:
-            return (f"torch SDPA cuDNN attention takes head dims of at most {CUDNN_MAX_HEAD_DIM} (sdp_utils.cpp"
+        limit = cudnn_head_dim_limit(**PERMISSIVE_GPU, query=head_dim, value=head_dim)
+        if head_dim > limit:
+            return (f"torch SDPA cuDNN attention takes head dims of at most {limit} (sdp_utils.cpp"
                     " check_cudnn_tensor_shapes: 128, or 256 on sm90/sm10x with cuDNN > 9.22); this case has"
                     f" {head_dim}")
+        if not cudnn_backward_head_dims_fit(**PERMISSIVE_GPU, query=head_dim, value=head_dim):
+            return (f"torch SDPA cuDNN attention's backward takes head dims of at most 128, or 256 for q, k and v"
+                    f" alike, where it takes head dims past 128 (sdp_utils.cpp check_cudnn_d256_bprop_head_dim);"
+                    f" this case has {head_dim}")
     if backend == "efficient":
-        alignment = EFFICIENT_ALIGNMENT[shape.dtype]
-        if shape.head_dim % alignment or shape.v_head_dim % alignment:
+        alignment = gemm_alignment(shape.torch_dtype, PERMISSIVE_GPU["capability"])
+        # as given, or (V of another head dim) zero-padded to one head dim, as the path tries next
+        if not (efficient_head_dims_fit(shape.head_dim, shape.head_dim, shape.v_head_dim, alignment)
+                or efficient_head_dims_fit(head_dim, head_dim, head_dim, alignment)):
             return (f"torch SDPA efficient attention needs head dims divisible by {alignment} at {shape.dtype}"
                     f" (sdp_utils.cpp check_head_dim_size_mem_efficient); this case has {shape.head_dim}"
                     f" and {shape.v_head_dim}")

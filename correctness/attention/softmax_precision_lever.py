@@ -46,7 +46,8 @@ from correctness.attention.megatron_softmax import MegatronAttention
 from correctness.attention.reference import Fp64Reference
 from correctness.shapes import RECIPE_SCALE, Scale, SMOKE_SCALE
 from correctness.evidence import GPU_ONLY, UPSTREAM, Evidence
-from correctness.lever import Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.lever import Case, Control, Lever, LeverOptions, NotApplicable, Tier
+from correctness.results import CaseResult
 from correctness.lever_spec import SHAPE_READS, LeverSpec, TierTest
 from correctness.recipe_sets import GEMMA
 from correctness.models import facts_for
@@ -97,6 +98,23 @@ def controls(candidate: MegatronAttention) -> tuple[Control, ...]:
     return (*attention.controls(candidate), mask_ignored(candidate))
 
 
+FUSED_KERNEL = "megatron-fused-softmax"  # how MegatronAttention names the fused kernel's run
+WINDOW_IGNORED = (
+    "megatron-core 0.16.1's fused masked softmax takes no window: FusedScaleMaskSoftmax.forward chooses the"
+    " kernel for 16 < keys <= 4096 whatever window_size says (fusions/fused_softmax.py 233-236), so on a"
+    " sliding-window layer the window is lost where the kernel runs")
+
+
+def window_lost(case: Case, result: CaseResult) -> str | None:
+    """An upstream limitation, not this suite's: a windowed case on which Megatron's fused kernel ran
+    (in the candidate or the default) loses its window, so it fails."""
+    if case.shape.window is None:
+        return None
+    ran = [judged.run.backend for judged in (result.candidate, result.default_repeat) if judged is not None]
+    ran += [result.default.backend] if result.default is not None else []
+    return WINDOW_IGNORED if any(backend.startswith(FUSED_KERNEL) for backend in ran) else None
+
+
 def softmax_precision_lever(
     *, recipe: Recipe, tier: Tier, scale: Scale, candidate: MegatronAttention, default: MegatronAttention,
     options: LeverOptions, description: str = DESCRIPTION,
@@ -119,6 +137,7 @@ def softmax_precision_lever(
         compares_kernels=True,  # on a GPU the fused kernel ignores the flag: "no kernel change"
         slicing=SLICING,
         invariants=(SINGLE_KEY_ROWS,),
+        known_failure=window_lost,
     )
 
 

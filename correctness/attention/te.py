@@ -198,7 +198,9 @@ class TransformerEngine:
                 "max_seqlen_q": longest,
                 "max_seqlen_kv": longest,
             }
-        q, k, v = (x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
+        # Each its own storage: TE's layout detection (utils.py get_qkv_layout, 2251-2433) refuses a view
+        # that starts inside another tensor's storage, as a packed row's slice does (PerRow).
+        q, k, v = (x.detach().clone().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
         with backend_switches(FORCED[self.backend], cache):
             try:
                 out = module(q, k, v, qkv_format=shape.qkv_format, attn_mask_type=mask_type, window_size=window, **packing)

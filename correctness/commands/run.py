@@ -4,7 +4,7 @@ markers), write their records and give the recipe's verdict.
     correctness run RECIPE.yaml [--tier auto|cpu|gpu] [--reference REFERENCE.yaml] [--all-levers]
                     [--results-dir DIR] [--workers N] [--model-config CONFIG] [--scale smoke|recipe]
                     [--checkpoint-cases DIR] [--model-checkpoint DIR] [--gpu-stand-in PRESENT=RECIPE]
-                    [--report] [--json] [-- PYTEST ARGS...]
+                    [--emulate-gpu GPU] [--report] [--json] [-- PYTEST ARGS...]
 
 The recipe is judged on what it changed against its reference (fixtures/references/<id>.yaml, or
 --reference), as `correctness classify` classes the changes; without a reference, on the numerics
@@ -25,6 +25,12 @@ recipe GPU's architecture run its tiers (an H200 for an H100 recipe); the record
 GPUs the cases are spread over them, one GPU per pytest-xdist worker (install the `parallel`
 extra); the workers' records are merged into one per lever. pytest prints its progress and, at the
 end, the recipe's verdict and a verdict table per lever.
+
+--emulate-gpu H100 (or H200; H200x1 for one GPU) runs the GPU tiers on an emulated GPU on the CPU
+(correctness.emulated_gpu), at the smoke scale: a rehearsal of their code paths before a GPU is
+lent. Their records are kept in `.emulated/` beside the lever records, `attach` refuses them, and no
+reader counts them, so the recipe stays incomplete (exit 1) however its levers' rehearsals went;
+--json lists each record's verdict.
 
 --scale recipe runs the CPU tiers at the recipe's rank-local shapes in place of their smoke shapes
 (a GPU tier's shapes are its own either way). A lever whose case would need more memory than this
@@ -76,6 +82,8 @@ import torch
 
 from correctness.commands import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_OK, emit, non_negative_int
 from correctness.distributed import InterruptionWatch, catch_stop_signals, stop_exit_status
+from correctness.emulated_gpu.gpus import OPTION as EMULATE_OPTION
+from correctness.emulated_gpu.gpus import emulated_option
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.lever import SCALES
 from correctness.files import shown_path
@@ -126,11 +134,14 @@ def add_arguments(parser) -> None:
     parser.add_argument(STAND_IN_OPTION, type=stand_in_option, default=None, metavar="PRESENT=RECIPE",
                         help="let this GPU run the recipe GPU's tiers in its place, one of its architecture (h200=h100);"
                         " the records say so, and `correctness check` counts them as stand-in only")
+    parser.add_argument(EMULATE_OPTION, type=emulated_option, default=None, metavar="GPU",
+                        help="run the GPU tiers on an emulated GPU on the CPU (H100, H200; H200x1 for one): a rehearsal"
+                        " of their code paths at the smoke scale, never evidence (the recipe stays incomplete)")
 
 
-def markers(recipe, tier: str) -> str:
+def markers(recipe, tier: str, emulated: bool = False) -> str:
     if tier == "auto":
-        tier = "gpu" if torch.cuda.is_available() else "cpu"
+        tier = "gpu" if torch.cuda.is_available() or emulated else "cpu"
     if tier == "cpu":
         return CPU_TIER
     return gpu_selection(recipe.gpu)
@@ -290,7 +301,10 @@ def _stopped(status: int) -> int:
 
 
 def _judge(args) -> int:
-    if args.tier == "gpu":  # every GPU case would skip without one: a green no-op
+    emulated = getattr(args, "emulate_gpu", None)
+    if emulated is not None and args.tier == "cpu":
+        raise CorrectnessError(f"{EMULATE_OPTION} runs the GPU tiers on an emulated GPU; --tier cpu runs none of them")
+    if args.tier == "gpu" and emulated is None:  # every GPU case would skip without one: a green no-op
         require_visible_gpu("correctness run --tier gpu")
     recipe = load_recipe(args.recipe)
     validate_recipe(recipe.data, recipe.id)
@@ -303,7 +317,7 @@ def _judge(args) -> int:
     classification = recipe_changes(recipe, args.reference)
     needed = list(needed_levers(classification))
     results = writable_folder(Path(args.results_dir) if args.results_dir else default_results())
-    selection = markers(recipe, args.tier)
+    selection = markers(recipe, args.tier, emulated is not None)
     report = {"recipe": recipe.id, "recipe_file": str(args.recipe), "tier": args.tier, "markers": selection,
               "levers": "all" if args.all_levers else needed, "results_dir": str(results), "pytest": None,
               "records": []}
@@ -320,7 +334,9 @@ def _judge(args) -> int:
     # The verdicts say what skipped and why: pytest's own summary lists failures only, and not the
     # libraries' import warnings (megatron-core's, torch's), whose lines run to 350 characters.
     command = [*selected, "-rfE", "--disable-warnings"]
-    workers = args.workers if args.workers is not None else (torch.cuda.device_count() if args.tier != "cpu" else 0)
+    # One worker per GPU; an emulated GPU's are all this CPU's, so one process.
+    workers = args.workers if args.workers is not None else (
+        torch.cuda.device_count() if args.tier != "cpu" and emulated is None else 0)
     if workers > 1:
         if importlib.util.find_spec("xdist") is None:
             raise CorrectnessError(f"{workers} workers need pytest-xdist: pip install -e '.[parallel]'")
@@ -384,6 +400,9 @@ def _pytest_selection(args, selection: str, results: Path, needed: list[str]) ->
     stand_in = getattr(args, "gpu_stand_in", None)
     if stand_in is not None:
         selected += [STAND_IN_OPTION, f"{stand_in.present.lower()}={stand_in.recipe.lower()}"]
+    emulated = getattr(args, "emulate_gpu", None)
+    if emulated is not None:
+        selected += [EMULATE_OPTION, emulated.spec]
     return selected
 
 

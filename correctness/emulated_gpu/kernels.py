@@ -15,7 +15,9 @@ numbers, and a record made with them is never evidence (correctness.emulated_gpu
 import contextlib
 import importlib
 import pkgutil
+import sys
 import threading
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -100,6 +102,12 @@ def snapshot() -> Counter:
         return Counter(CALLS)
 
 
+def add_calls(calls: Counter) -> None:
+    """Stand-in calls made in another process (a rank, correctness.distributed) counted here too."""
+    with _lock:
+        CALLS.update(calls)
+
+
 class NotOnGpu(RuntimeError):
     """A kernel was handed a tensor the code never moved to the GPU."""
 
@@ -133,9 +141,24 @@ def installed(emulation: Emulated) -> Iterator[None]:
             stack.enter_context(te_on_cpu.te_modules())
         for owner, attributes in others.items():
             module = _importable(owner)
+            if module is None and "." not in owner:  # a compiled extension absent here (Apex's fused softmax)
+                module = stack.enter_context(_absent_extension(owner))
             if module is not None:
                 stack.enter_context(attributes_replaced(module, attributes))
         yield
+
+
+@contextlib.contextmanager
+def _absent_extension(name: str) -> Iterator[types.ModuleType]:
+    """An empty top-level module `name` in sys.modules for the block: a compiled CUDA extension not
+    installed here, whose functions are all stand-ins (`import scaled_masked_softmax_cuda` then
+    finds them, as on a training image)."""
+    module = types.ModuleType(name, f"emulated-GPU stand-in for the compiled extension {name}")
+    sys.modules[name] = module
+    try:
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 def _importable(name: str) -> Any:

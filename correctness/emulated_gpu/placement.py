@@ -21,6 +21,7 @@ emulated GPU, and holds the code to a real device's rules:
 """
 
 import threading
+from dataclasses import dataclass
 from collections.abc import Iterable
 from typing import Any
 
@@ -60,7 +61,10 @@ class Placements:
         return storage._cdata, StorageWeakRef(storage), storage.nbytes()
 
     def of(self, tensor: torch.Tensor) -> int:
-        key, _, _ = self._key(tensor)
+        try:  # the key alone: a weak reference is made only where a place is put
+            key = tensor.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError, TypeError):
+            key = ("object", id(tensor))
         entry = self._places.get(key)
         if entry is None:
             return CPU
@@ -145,6 +149,36 @@ _INDEX_ARGUMENT = {aten.index.Tensor: 1, aten.index_put_.default: 1, aten.index_
                    aten._unsafe_index_put.default: 1}
 
 
+@dataclass(frozen=True)
+class _Operator:
+    """What the placement rules need to know of an operator, worked out once per operator (an
+    OpOverload hashes in Python: a set lookup per call is a measurable share of the mode's cost)."""
+
+    body: Any  # a custom op's Python body (_custom_op_body), or None
+    keeps_place: bool
+    moves: bool
+    cross_device: bool
+    index_position: int | None
+    pinning: bool
+    product: bool  # a GEMM correctness.cpu_gemm may compute as cuBLAS
+    seeded: bool  # draws random numbers
+
+
+_OPERATORS: dict[int, _Operator] = {}
+_PRODUCT_OPERATORS = {aten.mm.default, aten.bmm.default, aten.baddbmm.default}
+
+
+def _operator(func) -> _Operator:
+    known = _OPERATORS.get(id(func))
+    if known is None:
+        known = _OPERATORS[id(func)] = _Operator(
+            body=_custom_op_body(func), keeps_place=func in _KEEP_PLACE, moves=func in _MOVES,
+            cross_device=func in _CROSS_DEVICE, index_position=_INDEX_ARGUMENT.get(func),
+            pinning=func in (aten._pin_memory.default, aten.is_pinned.default), product=func in _PRODUCT_OPERATORS,
+            seeded=torch.Tag.nondeterministic_seeded in func.tags)
+    return known
+
+
 def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     for value in values:
@@ -193,63 +227,87 @@ class PlacementMode(TorchDispatchMode):
         super().__init__()
         self.gpu_name = gpu_name
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No dynamo-disabling wrapper around the handler (a frame-callback swap per operator): torch.compile
+        is off under the emulation (TORCH_COMPILE_DISABLE), so nothing traces through it."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        target = _cuda_device(kwargs.get("device"))
+        operator = _OPERATORS.get(id(func)) or _operator(func)
+        if operator.body is not None:
+            with self:  # its Python body's operators keep these rules, as its CUDA kernel's would meet them
+                return operator.body(*args, **kwargs)
+        device = kwargs.get("device")
+        target = None if device is None else _cuda_device(device)
         if target is not None:
             kwargs = {**kwargs, "device": torch.device("cpu")}
-        if func is aten._pin_memory.default or func is aten.is_pinned.default:
+        if operator.pinning:
             return _pinning(func, args)
-        place = target if target is not None else self._place_of_call(func, args, kwargs)
-        out = self._run(func, args, kwargs, place)
-        if func in _KEEP_PLACE:
+        pinned = target is None and kwargs.get("pin_memory") is True  # torch.empty(..., pin_memory=True)
+        if pinned:
+            kwargs = {**kwargs, "pin_memory": False}  # page-locked memory is ordinary CPU memory here, placed PINNED
+        place = target if target is not None else self._place_of_call(func, operator, args, kwargs)
+        out = self._run(func, operator, args, kwargs, place)
+        if operator.keeps_place:
             return out  # a copy into its destination, which keeps its place
-        if func in _MOVES and target is None and kwargs.get("device") is not None:
-            place = CPU  # a move to the CPU asked for inside torch (a backward's)
+        if operator.moves and target is None and kwargs.get("device") is not None:
+            # A move to the CPU asked for inside torch (a backward's), except where torch passes a GPU
+            # tensor's own options, whose device is the CPU underneath: a call made with GPU tensors (the
+            # backward of a dtype conversion, type_as) keeps their place.
+            source = PLACES.of(args[0])
+            place = source if source >= 0 and AMBIENT.place == source else CPU
         elif place is None:
             place = AMBIENT.place if AMBIENT.place is not None else FREE
+        if pinned:
+            place = PINNED
+        if isinstance(out, torch.Tensor):
+            if (not args or out is not args[0]) and PLACES.of(out) != place:  # an in-place result keeps its place
+                PLACES.put(out, place)
+            return out
         for tensor in _tensors((out,)):
             if PLACES.of(tensor) != place:
                 PLACES.put(tensor, place)
         return out
 
     @staticmethod
-    def _run(func, args, kwargs, place):
+    def _run(func, operator: _Operator, args, kwargs, place):
         if place is not None and place >= 0:
-            product = product_as_cublas(func, args, kwargs)
+            product = product_as_cublas(func, args, kwargs) if operator.product else None
             if product is not None:
                 return product
-            if torch.Tag.nondeterministic_seeded in func.tags and kwargs.get("generator") is None:
+            if operator.seeded and kwargs.get("generator") is None:
                 from correctness.emulated_gpu.runtime import drawing_from
 
                 with drawing_from(place):
                     return func(*args, **kwargs)
         return func(*args, **kwargs)
 
-    def _place_of_call(self, func, args, kwargs) -> int | None:
+    def _place_of_call(self, func, operator: _Operator, args, kwargs) -> int | None:
         """The place of an operator's tensor inputs (None: it has none with a place); raises where
         they are on two devices."""
-        index_position = _INDEX_ARGUMENT.get(func)
-        gpus: dict[int, str] = {}
-        cpu: str | None = None
+        index_position = operator.index_position
+        gpus: dict[int, int] = {}  # place -> the position of its first argument
+        cpu: int | None = None  # the position of the first CPU argument that is no scalar
         free: list[torch.Tensor] = []
-        for position, value in enumerate(list(args) + list(kwargs.values())):
-            for tensor in _tensors([value]):
+        for position, value in enumerate((*args, *kwargs.values())):
+            for tensor in ((value,) if isinstance(value, torch.Tensor) else _tensors((value,))):
                 place = PLACES.of(tensor)
                 if place >= 0:
-                    gpus.setdefault(place, _argument_name(func, position))
+                    gpus.setdefault(place, position)
                 elif place == FREE:
                     free.append(tensor)
-                elif tensor.dim() > 0 and position != index_position and cpu is None:
-                    cpu = _argument_name(func, position)
-        if func in _CROSS_DEVICE:
+                elif cpu is None and position != index_position and tensor.dim() > 0:
+                    cpu = position
+        if operator.cross_device:
             return None
         if len(gpus) > 1 or (gpus and cpu is not None):
             devices = [f"cuda:{index}" for index in gpus] + (["cpu"] if cpu is not None else [])
+            named = _argument_name(func, cpu if cpu is not None else list(gpus.values())[-1])
             raise DeviceMismatch(
                 f"Expected all tensors to be on the same device, but found at least two devices, {devices[0]} and"
-                f" {devices[1]}! ({func} on the emulated {self.gpu_name}: argument {cpu or list(gpus.values())[-1]}"
-                f" is on {devices[-1]})")
+                f" {devices[1]}! ({func} on the emulated {self.gpu_name}: argument {named} is on {devices[-1]})")
         if gpus:
             place = next(iter(gpus))
             for tensor in free:
@@ -258,6 +316,19 @@ class PlacementMode(TorchDispatchMode):
         if cpu is not None:
             return CPU
         return None
+
+
+def _custom_op_body(func) -> Any:
+    """The Python function a torch.library custom op (TE's te_moe permutation) runs, its CUDA kernel's
+    where it registers one; None for torch's own operators and for ops without a Python body."""
+    if getattr(func, "namespace", "aten") in ("aten", "prims"):
+        return None
+    from torch._library.custom_ops import OPDEFS
+
+    definition = OPDEFS.get(func._schema.name)
+    if definition is None:
+        return None
+    return definition._backend_fns.get("cuda") or definition._backend_fns.get(None)
 
 
 def _argument_name(func, position: int) -> str:
@@ -287,7 +358,13 @@ class AmbientMode(TorchFunctionMode):
     CPU, as on a real machine."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) == "__get__":  # a property (shape, dtype, grad, data): it makes no tensor of its own
+            return func(*args)
         kwargs = kwargs or {}
+        if isinstance(kwargs.get("device"), int) and not isinstance(kwargs["device"], bool):
+            # A bare index names the current accelerator's device (TE: torch.empty(..., device=0)); torch's
+            # argument parser would look for a CUDA build first.
+            kwargs = {**kwargs, "device": torch.device("cuda", kwargs["device"])}
         saved = AMBIENT.place
         AMBIENT.place = _call_place(args, kwargs)
         try:
@@ -307,8 +384,10 @@ def _call_place(args, kwargs) -> int:
                 return place
         elif isinstance(value, (list, tuple)):
             for item in value:
-                if isinstance(item, torch.Tensor) and PLACES.of(item) >= 0:
-                    return PLACES.of(item)
+                if isinstance(item, torch.Tensor):
+                    place = PLACES.of(item)
+                    if place >= 0:
+                        return place
     return CPU
 
 

@@ -17,7 +17,8 @@ runtime as its CPU equivalent or an honest no-op, each named here.
 - RNG: one CPU generator per GPU stands in for CUDA's default generator (manual_seed, seed,
   get_rng_state, set_rng_state and their `_all` forms, default_generators); random operators on
   GPU tensors draw from it (the placement mode swaps it in), so the CPU's stream is left alone.
-  Its numbers are the CPU generator's, not CUDA's Philox.
+  Its numbers are the CPU generator's, not CUDA's Philox. `torch.Generator(device="cuda")` is a
+  CPU generator that says its GPU (`EmulatedGenerator`).
 - CUDA graphs: capture is refused (`NotEmulated`): replaying recorded kernels is not emulated.
 - nvtx ranges: no-ops.
 - cuDNN: `torch.backends.cudnn.is_available()` is true and `version()` answers CUDNN_VERSION, the
@@ -246,6 +247,32 @@ def generator(device: Any = None) -> torch.Generator:
     return STATE.generators[_index(device)]
 
 
+class _AnyGenerator(type(torch.Generator)):
+    """isinstance(x, torch.Generator) stays true of every generator while EmulatedGenerator is
+    torch.Generator."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, torch._C.Generator)
+
+
+class EmulatedGenerator(torch.Generator, metaclass=_AnyGenerator):
+    """`torch.Generator(device=...)` under the emulation: a generator the code makes for a GPU is a
+    CPU generator (its numbers the CPU's, not CUDA's Philox) whose `device` says the GPU; one made for
+    the CPU is a CPU generator as torch's is."""
+
+    def __new__(cls, device: Any = "cpu") -> "EmulatedGenerator":
+        return torch._C.Generator.__new__(cls)
+
+    def __init__(self, device: Any = "cpu") -> None:
+        super().__init__()
+        named = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        self._emulated_device = torch.device("cuda", _index(named)) if named.type == "cuda" else named
+
+    @property
+    def device(self) -> torch.device:
+        return self._emulated_device
+
+
 def manual_seed(seed: int) -> None:
     generator().manual_seed(int(seed))
 
@@ -385,6 +412,7 @@ def start(emulation: Emulated) -> None:
     STATE.streams = {}
     STATE.peak = {}
     _current.device = 0
+    _current.streams = {}  # each emulation starts on its own default streams, not a past one's
 
 
 def stop() -> None:

@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.utils.flop_counter  # noqa: F401 - imported before torch.version.cuda is answered: it would warn of triton
 
-from correctness.emulated_gpu import kernels, runtime
+from correctness.emulated_gpu import kernels, runtime, triton_interpreter
 from correctness.emulated_gpu.gpus import VARIABLE, Emulated, parse_emulated
-from correctness.emulated_gpu.placement import PLACES, AmbientMode, PlacementMode
+from correctness.emulated_gpu.placement import AmbientMode, PlacementMode
 from correctness.emulated_gpu.tensor_attributes import TENSOR_ATTRIBUTES, TORCH_ATTRIBUTES
 from correctness.environment import attributes_replaced, environment_set
 
@@ -50,21 +51,24 @@ def emulated_gpu(emulation: Emulated) -> Iterator[Emulated]:
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(environment_set({**ENVIRONMENT, VARIABLE: emulation.spec}))
+            stack.enter_context(triton_interpreter.in_force())  # before TE's import: its kernels interpreted
             stack.enter_context(attributes_replaced(torch.cuda, {
                 **runtime.cuda_attributes(emulation), "default_generators": runtime.STATE.generators}))
             stack.enter_context(attributes_replaced(torch.cuda.nvtx, runtime.NVTX_ATTRIBUTES))
             stack.enter_context(attributes_replaced(torch.backends.cudnn, runtime.CUDNN_ATTRIBUTES))
             stack.enter_context(attributes_replaced(torch.version, {"cuda": CUDA_VERSION}))
             stack.enter_context(attributes_replaced(torch.Tensor, TENSOR_ATTRIBUTES))
-            stack.enter_context(attributes_replaced(torch, TORCH_ATTRIBUTES))
+            stack.enter_context(attributes_replaced(torch, {**TORCH_ATTRIBUTES,
+                                                            "Generator": runtime.EmulatedGenerator}))
             stack.enter_context(PlacementMode(emulation.model.gpu))
             stack.enter_context(AmbientMode())
             stack.enter_context(kernels.installed(emulation))
             yield emulation
     finally:
+        # Placements are kept: a tensor placed on the GPU in one block (a cache in TE's or
+        # Megatron's modules, which outlive it) is still there in the next, as in a process with a GPU.
         ACTIVE.emulation = None
         runtime.stop()
-        PLACES.clear()
 
 
 def enter_from_environment(stack: contextlib.ExitStack) -> Emulated | None:

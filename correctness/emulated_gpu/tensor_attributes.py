@@ -3,12 +3,14 @@ data (`torch.tensor`), which a CPU build of torch refuses for CUDA before any op
 
 Set on `torch.Tensor` (the Python class every tensor is, above the compiled TensorBase), so that
 Python code anywhere, TE's backward functions included, reads a tensor's emulated place:
-- `device`, `is_cuda`, `get_device()`, `type()`: the place the code gave it
+- `device`, `is_cuda`, `is_cpu`, `get_device()`, `type()`: the place the code gave it
   (correctness.emulated_gpu.placement);
 - `to`, `cuda`, `cpu`: a copy placed where asked, with a backward that moves the gradient back;
   a tensor already there is returned as it is, as torch does;
 - `numpy()` on a GPU tensor raises torch's own TypeError;
 - `record_stream`: a no-op (correctness.emulated_gpu.runtime);
+- `copy_` into a wrapper subclass made on "cuda" (TE's Float8Tensor) dispatched without the Python
+  binding's CUDA device guard;
 - `new_tensor`, and `torch.tensor` / `torch.as_tensor` with a device: made on the CPU, then placed.
 """
 
@@ -38,6 +40,10 @@ def _device(self: torch.Tensor) -> torch.device:
 
 def _is_cuda(self: torch.Tensor) -> bool:
     return PLACES.of(self) >= 0
+
+
+def _is_cpu(self: torch.Tensor) -> bool:
+    return PLACES.of(self) < 0 and _BASE.is_cpu.__get__(self)
 
 
 def _get_device(self: torch.Tensor) -> int:
@@ -135,6 +141,16 @@ def _record_stream(self: torch.Tensor, stream: Any) -> None:
     return None
 
 
+def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """`copy_` into a wrapper subclass made on "cuda" (TE's Float8Tensor: no storage of its own, its
+    __torch_dispatch__ quantizes into its buffers): torch's Python binding guards the call with a CUDA
+    device guard, which a CPU build cannot make; the operator itself, dispatched to the subclass, needs none."""
+    if _BASE.device.__get__(self).type == "cuda":
+        torch.ops.aten.copy_.default(self, src, non_blocking)
+        return self
+    return _BASE.copy_(self, src, non_blocking)
+
+
 def _with_ambient(place: int, make):
     saved = AMBIENT.place
     AMBIENT.place = place
@@ -183,6 +199,7 @@ def _new_tensor(self: torch.Tensor, data: Any, dtype: Any = None, device: Any = 
 TENSOR_ATTRIBUTES = {
     "device": property(_device),
     "is_cuda": property(_is_cuda),
+    "is_cpu": property(_is_cpu),
     "get_device": _get_device,
     "type": _type,
     "to": _to,
@@ -190,6 +207,7 @@ TENSOR_ATTRIBUTES = {
     "cpu": _cpu,
     "numpy": _numpy,
     "record_stream": _record_stream,
+    "copy_": _copy_,
     "new_tensor": _new_tensor,
 }
 TORCH_ATTRIBUTES = {"tensor": tensor, "as_tensor": as_tensor}

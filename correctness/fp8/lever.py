@@ -302,7 +302,8 @@ def fp8_lever(recipe: Recipe, *, tier: Tier, scale: str, options: LeverOptions, 
         name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=recipe.ref_for(model), cases=cases,
         candidate=candidate, default=Bf16Linear() if tier.device == "cpu" else TeLinear("te-linear-bf16", fp8=False),
         reference=Fp64Linear(), secondary_references=(Fp64OnFp8Operands(),), controls=controls, summarize=summarize,
-        cpu_threads=1 if tier.device == "cpu" else None,  # small GEMMs: a second thread only contends
+        # small GEMMs: a second thread only contends (on the emulated GPU too, which runs on the CPU)
+        cpu_threads=1 if tier.device == "cpu" or options.emulated is not None else None,
         format_floor=FLOOR,
     )
 

@@ -76,6 +76,13 @@ LAYER = 0  # the model's first layer: its tensors (one TP rank's slices) are the
 TP_RANK = 0
 EP_RANK = 0
 TIMEOUT = 240.0  # seconds for a case's ranks, start-up included
+ONE_GPU_PER_RANK = "one GPU per NCCL rank"
+# On an emulated GPU each NCCL rank is a spawned process that imports torch and enters the emulation
+# (about 4 s of CPU): DP 2 runs the GPU path's code (NCCL subgroups through gloo, a device per rank,
+# the collective on GPU tensors) as DP 4 and 8 do, at a quarter of the start-ups of DP 8.
+EMULATED_RANKS = 2
+EMULATED_BECAUSE = (f"an emulated GPU runs at most {EMULATED_RANKS} NCCL ranks (each a process of its own: the"
+                    " code path, not the numbers at larger DP)")
 DESCRIPTION = (
     "the data-parallel gradient reduction in BF16 against FP32 and an FP64 sum of the ranks' gradients,"
     " over 2, 4 and 8 ranks"
@@ -334,9 +341,11 @@ class ReductionSetup:
 
 
 def reduction_setup(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: LeverOptions,
-                    paths: tuple[RankPath, ...] = DTYPE_PATHS, ranks_available: int = MAX_RANKS) -> ReductionSetup:
+                    paths: tuple[RankPath, ...] = DTYPE_PATHS, ranks_available: int = MAX_RANKS,
+                    ranks_because: str = ONE_GPU_PER_RANK) -> ReductionSetup:
     """The shape and cases of a reduction lever at the recipe: TP rank 0's first-layer slices, DP
-    2, 4 and 8 and the recipe's own, the recipe's collective and gradient scaling."""
+    2, 4 and 8 and the recipe's own (those up to `ranks_available`, the rest left out
+    `ranks_because`), the recipe's collective and gradient scaling."""
     if recipe.precision != "bf16":
         raise NotApplicable(f"recipe {recipe.id} trains in {recipe.precision}: --grad-reduce-in-bf16 is a BF16 training lever")
     if recipe.argument("--ddp-average-in-collective") is not None:
@@ -355,17 +364,20 @@ def reduction_setup(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: L
         dp_sizes.add(recipe_dp)
     else:
         notes.append(f"the recipe's own DP {recipe_dp} is not run: more ranks than this tier spawns ({MAX_RANKS})")
-    if recipe_dp == 1:
-        notes.append("at the recipe's own DP 1 no collective runs (dp1 tensors: the gradient rounded into the"
-                     " buffer and scaled, alone); DP 2, 4 and 8 show what the lever does at other layouts")
     runnable = tuple(sorted(dp for dp in dp_sizes if dp <= ranks_available))
+    if recipe_dp == 1:
+        others = [str(dp) for dp in runnable if dp > 1] or [str(dp) for dp in sorted(dp_sizes) if dp > 1]
+        listed = " and ".join([", ".join(others[:-1]), others[-1]] if len(others) > 1 else others)
+        notes.append("at the recipe's own DP 1 no collective runs (dp1 tensors: the gradient rounded into the"
+                     f" buffer and scaled, alone); DP {listed} show{'s' if len(others) == 1 else ''} what the lever"
+                     " does at other layouts")
     skip_reason = None
     if max(runnable, default=1) < 2:
         skip_reason = (f"{tier.name} tier: an NCCL rank needs a GPU of its own and this machine has {ranks_available};"
                        " no data-parallel size of 2 or more can run")
         runnable = tuple(sorted(dp_sizes))
     elif runnable != tuple(sorted(dp_sizes)):
-        notes.append(f"DP sizes above {ranks_available} not run: one GPU per NCCL rank")
+        notes.append(f"DP sizes above {ranks_available} not run: {ranks_because}")
     backend = "nccl" if tier.device == "cuda" else "gloo"
     shape = ReductionShape(
         model=model.short_name, scale=scale.name, tp_size=recipe.tp, tp_rank=TP_RANK, layer=LAYER,
@@ -400,8 +412,9 @@ RANKS_BYTES_PER_PARAMETER = 310
 
 
 def reduction_lever(recipe: Recipe, *, tier: Tier, scale: ParamScale, options: LeverOptions,
-                    ranks_available: int = MAX_RANKS) -> Lever:
-    setup = reduction_setup(recipe, tier=tier, scale=scale, options=options, ranks_available=ranks_available)
+                    ranks_available: int = MAX_RANKS, ranks_because: str = ONE_GPU_PER_RANK) -> Lever:
+    setup = reduction_setup(recipe, tier=tier, scale=scale, options=options, ranks_available=ranks_available,
+                            ranks_because=ranks_because)
     collective = setup.shape.collective
     return Lever(
         name=NAME, version=VERSION, tier=tier, description=DESCRIPTION, recipe=setup.recipe_ref, cases=setup.cases,
@@ -423,12 +436,22 @@ def cpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
                             options=options)]
 
 
+def gpu_ranks(options: LeverOptions) -> tuple[int, str]:
+    """(the NCCL ranks a GPU tier may start, why no more): one per GPU of this machine; on an emulated
+    GPU at most EMULATED_RANKS."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if options.emulated is not None and gpus > EMULATED_RANKS:
+        return EMULATED_RANKS, EMULATED_BECAUSE
+    return gpus, ONE_GPU_PER_RANK
+
+
 def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     """NCCL over this machine's GPUs (one per rank), at the smoke scale; the DP sizes above the GPU
-    count are left out, and the case skips where fewer than 2 GPUs are present."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count are left out (on an emulated GPU, those above EMULATED_RANKS), and the case skips where
+    fewer than 2 GPUs are present."""
+    ranks, because = gpu_ranks(options)
     return [reduction_lever(lever_recipe(recipe_id, options.recipe), tier=tiers.GPU, scale=SMOKE, options=options,
-                            ranks_available=gpus)]
+                            ranks_available=ranks, ranks_because=because)]
 
 SPEC = LeverSpec(
     name=NAME, version=VERSION,

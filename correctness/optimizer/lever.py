@@ -241,7 +241,8 @@ def offload_lever(
         ),
         secondary_references=(join(Fp64AdamW(fp32_hyperparameters=True)),),
         summarize=share_summary(setting.shares, {p.name: p.numel for p in setting.slices}),
-        cpu_threads=1 if tier.device == "cpu" else None,  # blocks of at most 2.1M elements: one thread is as fast
+        # blocks of at most 2.1M elements: one thread is as fast (on the CPU, the emulated GPU's too)
+        cpu_threads=1 if tier.device == "cpu" or options.emulated is not None else None,
         invariants=(BF16_WEIGHTS_ARE_ROUNDED_MASTERS,),
     )
 

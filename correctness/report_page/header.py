@@ -54,7 +54,9 @@ def _distinct(values: Sequence[object]) -> str:
 
 def _provenance_rows(records: Sequence[LoadedRecord]) -> list[list[str]]:
     provenances = [loaded.record.provenance for loaded in records]
-    devices = [f"{p['device'].get('type')}: {p['device'].get('name')}" for p in provenances]
+    devices = [f"{p['device'].get('type')}: {p['device'].get('name')}"
+               + (f" (emulated on the CPU {p['device'].get('host_cpu')}: not evidence)" if p.get("emulated_gpu") else "")
+               for p in provenances]
     packages = [f"{name} {version}" for p in provenances for name, version in p.get("packages", {}).items()
                 if version]
     te_cpu = [f"transformer-engine {p['transformer_engine_for_cpu']} (its Python on the CPU)"

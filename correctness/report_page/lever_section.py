@@ -14,7 +14,8 @@ from correctness.report_page.markup import RecordLink, json_pointer, table, tag
 from correctness.report_page.optimizer import is_optimizer_record, optimizer_figure
 from correctness.report_page.records import LoadedRecord
 from correctness.report_page.svg import escape, figure_value
-from correctness.results import FORMAT_LIMITED, INVARIANT, CaseResult, Judgement, LeverRecord, over_bound
+from correctness.results import (FORMAT_LIMITED, INVARIANT, CaseResult, Judgement, LeverRecord, emulated_sentence,
+                                 over_bound)
 
 MAX_FAILURES = 12  # failure lines listed; the rest are counted
 
@@ -47,6 +48,8 @@ def _backends(record: LeverRecord) -> str:
 
 
 def _for_recipe(record: LeverRecord, judgement: RecipeJudgement) -> str:
+    if record.emulated_gpu is not None:
+        return f"none: {emulated_sentence(record.emulated_gpu).removeprefix('it was ')}"
     if judgement.judged is None:
         return "not judged (see the header)"
     if record.lever["name"] in {lever.lever for lever in judgement.judged.levers}:
@@ -73,7 +76,8 @@ def _facts(loaded: LoadedRecord, link: RecordLink, judgement: RecipeJudgement) -
         ("verdict", escape(record.verdict) + (" (interrupted run)" if record.interrupted else "")),
         ("for the recipe", escape(_for_recipe(record, judgement))),
         ("evidence class", escape(klass + (f": {MEANINGS[klass]}" if klass in MEANINGS else ""))),
-        ("tier, device", escape(f"{lever['tier']}, {lever['device']}")),
+        ("tier, device", escape(f"{lever['tier']}, {lever['device']}"
+                                + (f" (an emulated {record.emulated_gpu}, on the CPU)" if record.emulated_gpu else ""))),
         ("what it compares", escape(lever["description"])),
         ("backends each path ran", _backends(record)),
         ("rule", escape(f"err <= {rule['factor']:g} x default err + {rule['slack']:g}; {rule['runs']} runs each"
@@ -157,5 +161,8 @@ def lever_section(loaded: LoadedRecord, link: RecordLink, judgement: RecipeJudge
                                                        class_="sub"))
     body = (title + _facts(loaded, link, judgement) + _failures(record) + _figures(loaded, link)
             + tag("h3", "Cases") + _cases_table(loaded, link))
+    if record.emulated_gpu is not None:
+        body = title + tag("p", escape(f"Emulated GPU: {emulated_sentence(record.emulated_gpu)}."), class_="note") \
+            + body.removeprefix(title)
     return tag("section", body, class_="lever", id=section_id(record), data_lever=lever["name"],
-               data_verdict=record.verdict, data_tier=lever["tier"])
+               data_verdict=record.verdict, data_tier=lever["tier"], data_emulated=record.emulated_gpu)

@@ -73,7 +73,8 @@ def _summary_row(loaded: LoadedRecord) -> list[str]:
     worst = max((over_bound(case.candidate.worst) for case in ran), default=None)
     powers = [control.power for case in ran for control in case.controls if control.judgement is not None]
     weakest = min((p for p in powers if p == p), default=None)
-    return [tag("a", escape(record.lever["name"]), href="#" + section_id(record)), escape(record.lever["tier"]),
+    tier = record.lever["tier"] + (f" (emulated {record.emulated_gpu}: not evidence)" if record.emulated_gpu else "")
+    return [tag("a", escape(record.lever["name"]), href="#" + section_id(record)), escape(tier),
             tag("span", escape(record.verdict), class_="verdict-word"), escape(evidence_class(record.lever["name"])),
             escape(f"{len(ran)} of {len(record.cases)}"), escape(figure_value(worst) if worst is not None else "-"),
             escape(figure_value(weakest) if weakest is not None else "-")]

@@ -218,6 +218,17 @@ def _fused_kernel_rotation(src: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return src * cos + partner_sin
 
 
+def fused_kernel_rope(x: torch.Tensor, freqs: torch.Tensor, interleaved: bool, *, backward: bool) -> torch.Tensor:
+    """What TE 2.17's fused RoPE kernel writes for `x` [..., heads, d] given each token's FP32
+    frequencies `freqs` [..., 1, r] (r <= d): sincos of the FP32 frequency, the rotation (or, for the
+    backward, its transpose) in FP32, one rounding to x's dtype; the dims past r copied. Shared by
+    `FusedRopeArithmetic` and the emulated GPU's stand-in for tex.fused_rope_forward / _backward
+    (correctness/emulated_gpu/stand_ins/te_rope.py), which gathers `freqs` per token as the kernel does."""
+    r = freqs.shape[-1]
+    rotated = _fused_kernel_rotation(x[..., :r].float(), torch.cos(freqs), torch.sin(freqs), interleaved, backward)
+    return torch.cat((rotated.to(x.dtype), x[..., r:]), dim=-1)
+
+
 @dataclass(frozen=True)
 class FusedRopeArithmetic:
     """Stands in for TE 2.17's fused RoPE kernel (FusedRoPEFunc: tex.fused_rope_forward and
@@ -239,15 +250,8 @@ class FusedRopeArithmetic:
         freqs = inputs.freqs.float()[inputs.freq_rows()]  # [tokens, 1, 1, r]
         if shape.qkv_format == "thd":
             freqs = freqs.squeeze(1)  # [tokens, 1, r] against [tokens, heads, d]
-        cos, sin = torch.cos(freqs), torch.sin(freqs)
-        r = freqs.shape[-1]
-
-        def kernel(x: torch.Tensor, backward: bool) -> torch.Tensor:
-            rotated = _fused_kernel_rotation(x[..., :r].float(), cos, sin, shape.interleaved, backward)
-            return torch.cat((rotated.to(x.dtype), x[..., r:]), dim=-1)
-
-        q, k = kernel(inputs.q, False), kernel(inputs.k, False)
-        dq, dk = kernel(inputs.grad_q, True), kernel(inputs.grad_k, True)
+        q, k = (fused_kernel_rope(x, freqs, shape.interleaved, backward=False) for x in (inputs.q, inputs.k))
+        dq, dk = (fused_kernel_rope(g, freqs, shape.interleaved, backward=True) for g in (inputs.grad_q, inputs.grad_k))
         return ImplementationOutput(tensors=outputs(shape, q, k, dq, dk), backend=self.name, details={
             "stands_in_for": "TE 2.17 FusedRoPEFunc (transformer_engine/common/fused_rope/fused_rope.cu)",
             "arithmetic": "FP32 cos/sin of the FP32 frequencies, FP32 rotation, one rounding to the inputs' dtype",

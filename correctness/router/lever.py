@@ -34,7 +34,8 @@ sigmoid router, as Megatron's sequence aux loss once did, or sigmoid for a softm
 
 Tiers: "megatron-cpu" (smoke scale: SMOKE_TOKENS tokens at the recipe's hidden size and experts;
 the CPU shims of megatron_router.py) and "megatron" (a CUDA GPU with TE: TopKRouter as the recipe
-runs it, TE's general_gemm for BF16 and FP32 logits, recipe scale: a microbatch's tokens). A model
+runs it, recipe scale: a microbatch's tokens; its gating GEMM is torch.mm, as megatron-core 0.16.1
+runs it beside TE 2.17: megatron_router.py). A model
 without experts (Gemma-4) is NotApplicable.
 """
 
@@ -179,7 +180,7 @@ def cpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None 
 
 
 def megatron_gpu_tier(recipe_id: str, options: LeverOptions, candidate_dtype: str | None = None) -> list[Lever]:
-    """Megatron's TopKRouter on a CUDA GPU with TE (its general_gemm), at a microbatch's tokens."""
+    """Megatron's TopKRouter on a CUDA GPU with TE, at a microbatch's tokens."""
     recipe = lever_recipe(recipe_id, options.recipe)
     return [router_lever(recipe, tier=tiers.MEGATRON_GPU, scale=options.gpu_at_scale("smoke", "recipe"), options=options,
                          candidate_dtype=candidate_dtype)]

@@ -5,10 +5,12 @@ one `moe_router_dtype`, its weight (and expert bias) set to the case's, run forw
 What it computes (router.py, moe/moe_utils.py): `gating` runs `router_gating_linear`, an autograd
 Function whose forward is one GEMM of the BF16 hidden states and the BF16 weight with its output in
 the router dtype (the input's, BF16, where moe_router_dtype is unset; FP32 or FP64 where it says
-so: TE's general_gemm where TE is installed and the dtype is not FP64, else torch.mm of both taken to
-that dtype); its backward gives the hidden states' gradient in their dtype and the weight's in its
-dtype (BF16 both). Then `routing`: `topk_routing_with_score_function` (unfused: moe_router_fusion
-is off in every recipe here): sigmoid scores `torch.sigmoid(logits.float()).type_as(logits)` (so
+so: TE's general_gemm where megatron-core's `te_general_gemm` is bound and the dtype is not FP64,
+else torch.mm of both taken to that dtype; beside TE 2.17 megatron-core 0.16.1 binds it to None, its
+import of `get_workspace`, which TE removed in 2.11, failing, so torch.mm runs on a GPU too); its
+backward gives the hidden states' gradient in their dtype and the weight's in its dtype (BF16 both).
+Then `routing`: `topk_routing_with_score_function` (unfused: moe_router_fusion is off in every
+recipe here): sigmoid scores `torch.sigmoid(logits.float()).type_as(logits)` (so
 rounded to BF16 where the logits are BF16), plus the FP32 expert bias for the choice only, top-k,
 the chosen scores normalised (k > 1) and scaled; softmax scoring: top-k of the logits and a softmax
 over them in FP32, cast back to the logits' dtype. The result is dense: `routing_probs`
@@ -100,15 +102,16 @@ class _ForwardReplaced(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def te_gemm_name() -> Iterator[None]:
-    """megatron-core's moe_utils.te_general_gemm bound to None where it left the name undefined (no TE)."""
+def te_gemm_name() -> Iterator[bool]:
+    """megatron-core's moe_utils.te_general_gemm bound to None where it left the name undefined (no TE);
+    yields whether it bound it (where TE is importable megatron-core binds the name itself)."""
     from megatron.core.transformer.moe import moe_utils
 
     if hasattr(moe_utils, "te_general_gemm"):
-        yield
+        yield False
         return
     with mock.patch.object(moe_utils, "te_general_gemm", None, create=True):
-        yield
+        yield True
 
 
 @contextlib.contextmanager
@@ -207,7 +210,7 @@ class MegatronRouter:
         with contextlib.ExitStack() as stack:
             if on_cpu:
                 stack.enter_context(router_on_cpu())
-            stack.enter_context(te_gemm_name())
+            name_bound = stack.enter_context(te_gemm_name())
             stack.enter_context(torch.compiler.set_stance("force_eager"))
             router = self.module(inputs)
             gated = []  # the logits of the router's own gating call, kept as it returns them
@@ -233,7 +236,7 @@ class MegatronRouter:
             "routing": inputs.routing_figures(routing_map, logits.dtype),
             "seconds": time.perf_counter() - clock,
             "shims": [*(["cuda current_device -> cpu", "low-precision mm as cuBLAS"] if on_cpu else []),
-                      *([] if _te_gemm() else ["te_general_gemm undefined -> None"]), "jit_fuser eager"],
+                      *(["te_general_gemm undefined -> None"] if name_bound else []), "jit_fuser eager"],
         }
         backend = self.name.replace(f" ({self.mutation})", "") if self.mutation else self.name
         if self.mutation:

@@ -149,12 +149,19 @@ def reduction_paths(recipe: Recipe, device: str) -> tuple[RankPath, ...]:
     )
 
 
+# On an emulated GPU the NCCL lever starts at most this many ranks (DP 1, 2 and 4; each rank a process
+# of its own, its reduction carrying the emulation's cost per operator): the order-varies control
+# needs DP 4 to change a sum, and DP 8 takes twice as long (21 s a case on 2 cores, against 10 s).
+EMULATED_RANKS = 4
+
+
 def reduction_determinism_lever(recipe: Recipe, *, tier: Tier, options: LeverOptions,
-                                ranks_available: int = reduction.MAX_RANKS) -> Lever:
+                                ranks_available: int = reduction.MAX_RANKS,
+                                ranks_because: str = reduction.ONE_GPU_PER_RANK) -> Lever:
     paths = reduction_paths(recipe, tier.device)
     scale = options.at_scale(SMOKE, RECIPE) if tier.device == "cpu" else SMOKE
     setup = reduction.reduction_setup(recipe, tier=tier, scale=scale, options=options, paths=paths,
-                                      ranks_available=ranks_available)
+                                      ranks_available=ranks_available, ranks_because=ranks_because)
     dtype, collective = paths[0].dtype, setup.shape.collective
     ran = "nccl (NCCL_ALGO=Ring)" if tier.device == "cuda" else "gloo"
     return Lever(
@@ -204,9 +211,14 @@ def gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:
     this machine's GPUs (smoke scale; its cases skip at once, with the reason, with fewer than 2 GPUs)."""
     recipe = lever_recipe(recipe_id, options.recipe)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    because = reduction.ONE_GPU_PER_RANK
+    if options.emulated is not None and gpus > EMULATED_RANKS:
+        gpus, because = EMULATED_RANKS, (f"an emulated GPU runs at most {EMULATED_RANKS} NCCL ranks (each a process of"
+                                         " its own: the code path, not the numbers at larger DP)")
     return [
         *gpu_attention_levers(recipe, options),
-        reduction_determinism_lever(recipe, tier=tiers.GPU, options=options, ranks_available=gpus),
+        reduction_determinism_lever(recipe, tier=tiers.GPU, options=options, ranks_available=gpus,
+                                    ranks_because=because),
     ]
 
 

@@ -38,3 +38,9 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, *args, **
           computes="true: NCCL groups are served by gloo")
 def is_nccl_available():
     return True
+
+
+@stand_in(name="torch.cuda.nccl.version", stands_for="torch.cuda.nccl.version (NCCL's version)",
+          computes="(0, 0, 0, 'gloo-stand-in'): no NCCL runs; gloo serves the NCCL groups")
+def version():
+    return 0, 0, 0, "gloo-stand-in"
