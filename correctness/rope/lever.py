@@ -51,6 +51,7 @@ from correctness.evidence import UPSTREAM, Evidence, HeldEqual
 from correctness.lever import Case, Control, Implementation, Invariant, Lever, LeverOptions, Mutated, Tier
 from correctness.lever_spec import RECIPE_GPU, SHAPE_READS, LeverSpec, TierTest
 from correctness.models import facts_for
+from correctness.recipe_sets import GEMMA, NEMOTRON, QWEN3_MOE
 from correctness.recipes import Recipe, lever_recipe
 from correctness.rope.paths import (
     FormulaRope, Fp64Rope, FusedRopeArithmetic, MegatronRope, RopeInputs, make_inputs, megatron_freqs, outputs,
@@ -226,15 +227,19 @@ ROPE_HELD_TO_TE_UNFUSED = HeldEqual(
     upstream="TE 2.17's unfused apply_rotary_pos_emb (fused=False) in FP32, its Python on the CPU (bitwise)",
     needs_gpu=False)
 
+# The seed recipes (Gemma-4's BSHD rows; Nemotron-3-Super has no RoPE) and Qwen3-30B-A3B for THD: its
+# two packed rows per microbatch take Megatron's `_thd` route (and TE's on a GPU) and the packed-rows control.
+RECIPES = (GEMMA, NEMOTRON, QWEN3_MOE)
+
 SPEC = LeverSpec(
     name=NAME, version=VERSION,
     description="Megatron's unfused RoPE (--no-rope-fusion) against TE's fused RoPE kernel and FP64, q and k rotated,"
                 " forward and backward, at the recipe's heads, rotary fraction and layout",
     titles=("rope fusion",),
     tests=(
-        TierTest(test="test_rope_fusion_on_cpu", tier="megatron-cpu", factory=cpu_tier,
+        TierTest(test="test_rope_fusion_on_cpu", tier="megatron-cpu", factory=cpu_tier, recipes=RECIPES,
                  doc="Megatron's own unfused RoPE on the CPU against the fused kernel's arithmetic."),
-        TierTest(test="test_rope_fusion_te_on_gpu", tier=RECIPE_GPU, factory=recipe_gpu_tier),
+        TierTest(test="test_rope_fusion_te_on_gpu", tier=RECIPE_GPU, factory=recipe_gpu_tier, recipes=RECIPES),
     ),
     reads=(*SHAPE_READS, "--position-embedding-type", "--qkv-format", "--rotary-interleaved",
            "--rotary-seq-len-interpolation-factor", "--use-rope-scaling", "--rope-scaling-factor"),

@@ -25,7 +25,7 @@ from unittest import mock
 
 import torch
 
-from correctness.errors import ImplementationUnavailable
+from correctness.errors import ImplementationUnavailable, require_megatron_core
 from correctness.lever import ImplementationOutput
 from correctness.provenance import megatron_core_version
 from correctness.rope.shapes import RopeShape
@@ -163,22 +163,17 @@ class MegatronRope:
             )
 
     def run(self, inputs: RopeInputs) -> ImplementationOutput:
-        try:
-            from megatron.core.models.common.embeddings import rope_utils
-        except Exception as error:  # noqa: BLE001 - any import failure makes the path unavailable
-            raise ImplementationUnavailable(
-                f"megatron-core is not usable here: {type(error).__name__}: {error}") from None
+        require_megatron_core()
+        from megatron.core.models.common.embeddings import rope_utils
+
         if self.fused and inputs.q.device.type != "cuda":
             raise ImplementationUnavailable("TE's fused RoPE is a CUDA kernel; these inputs are on the CPU")
-        try:
-            config = self.config(inputs.shape)
-        except ValueError as error:
-            if self.fused and "apply_rope_fusion is not available" in str(error):
-                raise ImplementationUnavailable(f"Megatron refuses RoPE fusion here: {error}") from None
-            raise
+        # Both fused functions come from one import of TE (megatron/core/extensions/transformer_engine.py);
+        # without them TransformerConfig refuses apply_rope_fusion ("apply_rope_fusion is not available").
         if self.fused and rope_utils.fused_apply_rotary_pos_emb is None:
             raise ImplementationUnavailable(
                 "megatron-core found no TE fused_apply_rotary_pos_emb (Transformer Engine missing)")
+        config = self.config(inputs.shape)
         q, k = (x.detach().requires_grad_() for x in (inputs.q, inputs.k))
         rotated = [rope_utils.apply_rotary_pos_emb(x, inputs.freqs, config, cu_seqlens=inputs.cu_seqlens,
                                                    cp_group=ContextParallelOne()) for x in (q, k)]
