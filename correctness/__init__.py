@@ -12,13 +12,34 @@ The public API for declaring and running a lever:
 pytest users load `correctness.pytest_plugin` from their conftest.py.
 """
 
-from correctness.errors import CorrectnessError, ImplementationUnavailable
-from correctness.compare import Slicing
-from correctness.harness import run_candidates, run_case, run_lever
-from correctness.lever import Case, Control, Invariant, Lever, LeverOptions, Mutated, ImplementationOutput, Tier
-from correctness.lever_spec import LeverSpec, TierTest
-from correctness.results import RecipeRef, read_record, write_record
-from correctness.rule import DEFAULT_RULE, Rule
+import importlib
+
+# Each name's module, imported when the name is first used (PEP 562): `import correctness.cli` (the
+# command line's --help) imports no torch.
+_HOMES = {
+    "CorrectnessError": "correctness.errors", "ImplementationUnavailable": "correctness.errors",
+    "Slicing": "correctness.compare",
+    "run_candidates": "correctness.harness", "run_case": "correctness.harness", "run_lever": "correctness.harness",
+    "Case": "correctness.lever", "Control": "correctness.lever", "Invariant": "correctness.lever",
+    "Lever": "correctness.lever", "LeverOptions": "correctness.lever", "Mutated": "correctness.lever",
+    "ImplementationOutput": "correctness.lever", "Tier": "correctness.lever",
+    "LeverSpec": "correctness.lever_spec", "TierTest": "correctness.lever_spec",
+    "RecipeRef": "correctness.results", "read_record": "correctness.results", "write_record": "correctness.results",
+    "DEFAULT_RULE": "correctness.rule", "Rule": "correctness.rule",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'correctness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 __all__ = [
     "DEFAULT_RULE",

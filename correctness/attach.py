@@ -3,10 +3,11 @@
 An entry for the same test and GPU is replaced in place, others are appended (a convergence check
 replaces the correctness.convergence block); every other byte of
 the recipe stays as it was (round-trip YAML), and the file is replaced atomically, only after the
-new recipe has passed the schema. A record that contradicts itself (its verdict is not what its
-cases say, or a case passes while its candidate or a negative control says otherwise), lacks a case
-its lever declares, ran no case, belongs to another model, or was written by another version of a
-lever is refused, and the recipe is left untouched. An `incomplete` verdict (a required case
+new recipe has passed the schema. A record that is no evidence for the recipe (correctness.trust:
+it contradicts itself, is not what this suite runs for the recipe, belongs to another model, ran
+other values of the arguments its lever reads, or was written by another version of a lever), or
+lacks a case its lever declares, ran no case, or was interrupted, is refused, and the recipe is
+left untouched. An `incomplete` verdict (a required case
 skipped) is written as it is, never as a pass.
 
 Each attach is one read-modify-write cycle under an advisory lock on the recipe (correctness.files
@@ -25,17 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from correctness.entries import count, counted, errors_sentence, format_sentence, generic_text, gpu_label
+from correctness.catalogue import catalogued
+from correctness.entries import errors_sentence, format_sentence, generic_text, gpu_label
 from correctness.errors import CorrectnessError, RecipeError
-from correctness.catalogue import catalogued, lever_reads
 from correctness.files import locked, refuse_read_only, shown_path
-from correctness.model_config import same_model
-from correctness.recipes import Recipe, load_recipe, validate_recipe
+from correctness.recipes import load_recipe, validate_recipe
+from correctness.results import LeverRecord, read_record, records_folder
+from correctness.trust import attach_problems, record_problems
 from correctness.yaml_documents import load_document, write_recipe
-from correctness.recheck import case_problems, recomputed, rule_problem
-from correctness.recipe_binding import argument_differences
-from correctness.results import (SKIP, LeverRecord, emulated_sentence, read_record, records_folder,
-                                 stated_fields_disagree)
 
 ENTRY_FIELDS = ("test", "shape", "gpu", "date", "result", "detail", "note")
 
@@ -46,50 +44,6 @@ class Attached:
     gpu: str
     result: str
     action: str  # "added" or "replaced"
-
-
-def record_problems(record: LeverRecord, recipe: Recipe, stated: dict[str, Any] | None = None) -> list[str]:
-    """Why a record cannot be attached to the recipe; empty where it can. A record belongs to a recipe
-    of the same model and GPU whose arguments its lever reads have the values it ran with (its
-    shapes and settings were derived from those), and every figure, flag and status in it must be
-    what its measurements give (correctness.recheck). `stated`: the record as read, whose fields
-    written from others must agree with them."""
-    if record.emulated_gpu is not None:
-        return [emulated_sentence(record.emulated_gpu)]
-    problems = []
-    disagreement = stated_fields_disagree(stated) if stated is not None else None
-    if disagreement:
-        problems.append(f"it contradicts itself: {disagreement}")
-    lever = record.lever
-    if not same_model(record.recipe.model, recipe.model):
-        problems.append(f"it is for {record.recipe.model}, not {recipe.model}")
-    elif record.recipe.gpu != recipe.gpu:
-        problems.append(f"it is for the {record.recipe.gpu} recipe {record.recipe.id}, not an {recipe.gpu} one")
-    tp_sizes = {case.shape.get("tp_size") for case in record.cases} - {None}
-    if tp_sizes and tp_sizes != {recipe.tp}:
-        problems.append(f"its shapes are for TP {sorted(tp_sizes)}, the recipe runs TP {recipe.tp}")
-    differences = argument_differences(record.recipe.arguments, recipe, lever_reads(lever["name"]))
-    if differences:
-        problems.append(f"it ran recipe {record.recipe.id} with other arguments than this recipe's: {'; '.join(differences)}")
-    known = catalogued(lever["name"])
-    if known and lever["version"] != known.version:
-        problems.append(f"it was written by {lever['name']} version {lever['version']}, this suite has {known.version}")
-    if record.interrupted:
-        problems.append("its run was interrupted before it finished")
-    expected, completeness = record.assessment()
-    if completeness.missing:
-        problems.append(
-            f"it lacks {count(len(completeness.missing))} of the {counted(completeness.declared, 'case')} its lever"
-            f" declares ({', '.join(completeness.missing)})"
-        )
-    if expected == SKIP:
-        problems.append("none of its cases ran")
-    if record.verdict != expected:
-        problems.append(f"its verdict is {record.verdict} but its cases say {expected}")
-    if rule_problem(lever) is None:
-        for case in recomputed(record).cases:
-            problems += case_problems(case, lever)
-    return problems
 
 
 def entry_text(record: LeverRecord) -> dict[str, str]:
@@ -175,12 +129,14 @@ def _attach(recipe_path: str | Path, record_paths: Sequence[str | Path], dry_run
 
     recipe = load_recipe(recipe_path)
     validate_recipe(recipe.data, recipe.id)
-    stated = [(Path(path), read_record(path)) for path in record_paths]
-    records = [(path, LeverRecord.from_json(data)) for path, data in stated]
-    for (path, record), (_, data) in zip(records, stated):
-        problems = record_problems(record, recipe, data)
+    records = []
+    for path in record_paths:
+        data = read_record(path)
+        record = LeverRecord.from_json(data)
+        problems = record_problems(record, recipe, data) + attach_problems(record)
         if problems:
             raise CorrectnessError(f"record {path} refused, recipe {recipe_path} untouched: {'; '.join(problems)}")
+        records.append((Path(path), record))
     document = load_document(recipe_path)
     tests = _component_tests(document, recipe.id)
     done = []

@@ -32,6 +32,7 @@ import yaml
 from correctness.catalogue import lever_catalogue
 from correctness.entries import CPU_LABEL
 from correctness.errors import CorrectnessError, RecipeError
+from correctness.files import YAML_LIMIT, read_input
 from correctness.fixtures import FIXTURES_DIR
 from correctness.recipes import Recipe, training_arguments
 from correctness.yaml_documents import load_yaml, read_yaml_input
@@ -184,10 +185,11 @@ def load_rules(path: str | Path | None = None) -> Rules:
     """A rules file; without a path, the package's own."""
     if path is None:
         return default_rules()
+    raw = read_input(path, f"rules {path}", RulesError, limit=YAML_LIMIT, kind="a YAML file")  # never a FIFO, a folder
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise RulesError(f"rules {path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RulesError(f"rules {path}: not UTF-8 text") from None
     return _read_rules(text, str(path))
 
 

@@ -8,38 +8,28 @@ pipe broke before the command was done, it ends with 141, as a process killed by
 """
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from correctness.commands import (
-    EXIT_BAD_INPUT,
-    EXIT_BROKEN_PIPE,
-    EXIT_OK,
-    attach,
-    capture_attention,
-    check,
-    classify,
-    converge,
-    drop_stdout,
-    levers,
-    model_facts,
-    report,
-    run,
-)
+from correctness.commands import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_OK, drop_stdout
 from correctness.errors import CorrectnessError
 
+# Each command's module is imported only when it is named: `correctness --help` imports no command's
+# libraries (torch among them), and `correctness check ...` only check's.
 COMMANDS = {
-    "attach": (attach, "attach lever records to a recipe's correctness.component_tests"),
-    "classify": (classify, "class each training argument a tuned recipe changes against its reference"),
-    "converge": (converge, "check a candidate loss curve against a reference curve"),
-    "check": (check, "one verdict for a recipe: configuration, component tests, convergence"),
-    "run": (run, "run a recipe's component tests (pytest underneath) and write their records"),
-    "report": (report, "write a recipe's records as one self-contained HTML page of figures"),
-    "levers": (levers, "list the suite's levers, their tiers and the numerics arguments each covers"),
-    "model-facts": (model_facts, "write a model's facts from its Hugging Face config.json"),
-    "capture-attention": (
-        capture_attention, "capture a trained model's attention inputs for the attention lever's checkpoint cases"
-    ),
+    "attach": ("correctness.commands.attach", "attach lever records to a recipe's correctness.component_tests"),
+    "classify": ("correctness.commands.classify",
+                 "class each training argument a tuned recipe changes against its reference"),
+    "converge": ("correctness.commands.converge", "check a candidate loss curve against a reference curve"),
+    "check": ("correctness.commands.check", "one verdict for a recipe: configuration, component tests, convergence"),
+    "run": ("correctness.commands.run", "run a recipe's component tests (pytest underneath) and write their records"),
+    "report": ("correctness.commands.report", "write a recipe's records as one self-contained HTML page of figures"),
+    "levers": ("correctness.commands.levers",
+               "list the suite's levers, their tiers and the numerics arguments each covers"),
+    "model-facts": ("correctness.commands.model_facts", "write a model's facts from its Hugging Face config.json"),
+    "capture-attention": ("correctness.commands.capture_attention",
+                          "capture a trained model's attention inputs for the attention lever's checkpoint cases"),
 }
 
 
@@ -51,14 +41,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(loaded: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser, with the arguments of the commands `loaded` (every command's where
+    None); the others are listed by name and summary only, their modules not imported."""
     top = _Parser(
         prog="correctness",
         description="Numerical-correctness evidence for tuned training recipes.",
         epilog="Exit status: 0 success or pass; 1 fail or incomplete; 2 bad input.",
     )
     subcommands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, summary) in COMMANDS.items():
+    for name, (module_name, summary) in COMMANDS.items():
+        if loaded is not None and name not in loaded:
+            subcommands.add_parser(name, help=summary)
+            continue
+        module = importlib.import_module(module_name)
         sub = subcommands.add_parser(
             name, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
@@ -71,13 +67,18 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+def _one_line(error: BaseException | str) -> str:
+    """An error's text on one line, a character that would not show as itself (a bidirectional
+    override in a path, an escape sequence) written as its escape."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return "".join(character if character.isprintable() else ascii(character)[1:-1] for character in text)
 
 
 def _main(argv: list[str]) -> int:
     passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []  # for `run`: arguments for pytest
-    args = parser().parse_args(argv[: len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
+    # The top level takes no option but --help: a command is named first, or not at all.
+    named = [argv[0]] if argv and argv[0] in COMMANDS else []
+    args = parser(named).parse_args(argv[: len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
     if passthrough and args.command != "run":
         args.parser.error("only `correctness run` takes arguments after --")
     args.passthrough = passthrough
@@ -92,7 +93,7 @@ def _main(argv: list[str]) -> int:
         # A file the library did not word an error for (a folder that cannot be written, a full
         # disk): still the user's file, named in one line.
         where = f"{error.filename}: " if error.filename else ""
-        print(f"correctness {args.command}: {where}{error.strerror or _one_line(error)}", file=sys.stderr)
+        print(f"correctness {args.command}: {_one_line(where + (error.strerror or str(error)))}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from correctness.errors import CorrectnessError
-from correctness.results import LeverRecord, read_trusted_record, record_from_json
+from correctness.results import SKIP, LeverRecord
 
 GPU_RUN, UPSTREAM, STAND_IN, BOOKKEEPING, GPU_ONLY = "gpu-run", "upstream", "stand-in", "bookkeeping", "gpu-only"
 CLASSES = (GPU_RUN, UPSTREAM, STAND_IN, BOOKKEEPING, GPU_ONLY)  # strongest first
@@ -125,8 +125,8 @@ def _run(record: LeverRecord, path: Path) -> GpuRun | CpuRun | None:
         return CpuRun(lever=lever["name"], version=lever["version"], tier=lever["tier"],
                       differs=candidate_differs(record), path=str(path))
     device = record.provenance["device"].get("name")
-    if device is None or record.completeness.ran == 0:
-        return None
+    if device is None or all(case.status == SKIP for case in record.cases):
+        return None  # a record whose cases all failed ran: it is shown, failing
     return GpuRun(lever=lever["name"], version=lever["version"], tier=lever["tier"], description=lever["description"],
                   device=device, finished=record.finished, recipe=record.recipe.id, verdict=record.verdict,
                   path=str(path))
@@ -134,17 +134,20 @@ def _run(record: LeverRecord, path: Path) -> GpuRun | CpuRun | None:
 
 def read_results(folder: Path) -> Results:
     """Every record under `folder` (not under a hidden folder, such as the workers' `.parts`); a file
-    that is not a record of this format, or whose figures contradict it, is refused
-    (correctness.results.read_trusted_record), and so is a folder that is not there; a record of an
-    interrupted run is no evidence, and is left out."""
+    that is not a record of this format, or no evidence for its recipe (correctness.trust: its
+    figures contradict it, it is not what the suite runs for the recipe, its tier did not run on its
+    device), is refused, and so is a folder that is not there; a record of an interrupted run is no
+    evidence, and is left out."""
+    from correctness.trust import trusted_record
+
     folder = Path(folder)
     if not folder.is_dir():
         raise CorrectnessError(f"results folder {folder}: not a folder")
     paths = sorted(path for path in folder.rglob("*.json")
                    if not any(part.startswith(".") for part in path.relative_to(folder).parent.parts))
-    records = [(path, read_trusted_record(path)) for path in paths]
-    runs = [run for path, data in records
-            if not data["interrupted"] and (run := _run(record_from_json(data), path)) is not None]
+    records = [trusted_record(path, emulated=True) for path in paths]
+    runs = [run for trusted in records
+            if not trusted.record.interrupted and (run := _run(trusted.record, trusted.path)) is not None]
     return Results(folder=str(folder), gpu=tuple(run for run in runs if isinstance(run, GpuRun)),
                    cpu=tuple(run for run in runs if isinstance(run, CpuRun)))
 
@@ -187,7 +190,7 @@ class Standing:
     @property
     def where(self) -> str:
         if self.gpu_run is not None:
-            return f"{self.gpu_run.device}, {self.gpu_run.date} ({self.gpu_run.tier})"
+            return f"{self.gpu_run.device}, {self.gpu_run.date} ({self.gpu_run.tier}: {self.gpu_run.verdict})"
         return f"{self.declared.tier} (never run)" if self.declared.klass == GPU_ONLY else self.declared.tier
 
 

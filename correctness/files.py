@@ -7,7 +7,10 @@ replaces (a recipe, a record) goes through `replace_file`: a temporary file besi
 a rename, so that a reader sees the old file or the new one, never half of one; a symlink is
 written through to its target and stays a link; a failure is reported as the write's own error
 (not the cleanup's), in one line, and leaves the target as it was. The temporary files of an
-interrupted write (`stray_temporaries`) are removed by the next write to the same file.
+interrupted write (`stray_temporaries`) are removed by the next write to the same file. A command's
+output (a report, model facts, a plot) goes through `write_output`: `output_target` first refuses
+what a command must never replace (one of its inputs, a read-only file, a device, a FIFO, a folder,
+a symlink leading out of its folder), in one line, before anything is written.
 
 `locked` serialises read-modify-write cycles on one file between processes: an advisory lock
 (fcntl.flock) on a sibling file `.NAME.lock`, held for the whole cycle and removed on release.
@@ -25,7 +28,8 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from correctness.errors import CorrectnessError
@@ -62,10 +66,11 @@ def read_input(path: str | Path, label: str, error: type[CorrectnessError] = Cor
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as failure:
         raise error(f"{label}: cannot be read ({_reason(failure)})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a folder with an error naming the descriptor
+        os.close(fd)
+        raise error(f"{label}: not a regular file ({_kind(mode)}); give a file")
     with os.fdopen(fd, "rb") as source:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise error(f"{label}: not a regular file ({_kind(mode)}); give a file")
         too_large = f"{label}: larger than {_size(limit)}, the limit for {kind}"
         if os.fstat(fd).st_size > limit:
             raise error(too_large)
@@ -92,6 +97,19 @@ def folder_parts(name: object, several: bool = True) -> list[str] | None:
     parts = name.split("/") if isinstance(name, str) else []
     unsafe = any(part in ("", ".", "..") or "\0" in part or "\\" in part for part in parts)
     return None if not parts or unsafe or (len(parts) > 1 and not several) else parts
+
+
+def visible_name(name: str, label: str, error: type[CorrectnessError] = CorrectnessError) -> str:
+    """`name` (a model's, a GPU's) where every character shows as itself, else `error` naming
+    `label` and the first that does not: a control or format character (a bidirectional override
+    such as U+202E prints the rest backwards, a zero-width space makes two names look alike), a
+    line or paragraph separator, a space other than U+0020, an unassigned one."""
+    for place, character in enumerate(name, 1):
+        if not character.isprintable():
+            what = unicodedata.name(character, "a control character")
+            raise error(f"{label}: {name!r} holds U+{ord(character):04X} ({what}) at character {place}, which does not"
+                        " show as itself; write the name in visible characters")
+    return name
 
 
 def temporary_path(target: Path) -> Path:
@@ -193,6 +211,50 @@ def refuse_read_only(path: str | Path, label: str, error: type[CorrectnessError]
         raise error(f"{label}: cannot be written ({os.strerror(errno.EROFS)})")
     if not os.access(target, os.W_OK):
         raise error(f"{label}: cannot be written ({os.strerror(errno.EACCES)})")
+
+
+def output_target(path: str | Path, label: str, inputs: Iterable[str | Path] = (),
+                  error: type[CorrectnessError] = CorrectnessError) -> Path:
+    """The file a command's output `path` may replace (replace_file's target), or `error` in one line
+    naming `label`, before anything is written. A command writes a new file, or a regular file its
+    owner may replace; never a folder, FIFO, socket or device (the rename would put a file in its
+    place: /dev/null replaced by a report), a read-only file (refuse_read_only), one of its own
+    `inputs` (the same file by device and inode, however the path is spelled: a hard link, a
+    symlink, `./`), nor through a symlink to a file outside the link's folder."""
+    given = Path(path)
+    try:
+        link = stat.S_ISLNK(os.lstat(given).st_mode)
+    except FileNotFoundError:
+        link = False
+    except OSError as failure:
+        raise error(f"{label}: cannot be written ({_reason(failure)})") from None
+    target = write_target(given)
+    if link and not target.is_relative_to(given.absolute().parent.resolve()):
+        raise error(f"{label}: a symlink to {target}, outside its folder; give the file itself or a new path")
+    try:
+        status = os.stat(target)
+    except FileNotFoundError:
+        return target  # a new file (or a link to one in its folder)
+    except OSError as failure:
+        raise error(f"{label}: cannot be written ({_reason(failure)})") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise error(f"{label}: {_kind(status.st_mode)}, not a file it may replace; give a new path or a regular file")
+    for given_input in inputs:
+        try:
+            same = os.path.samestat(status, os.stat(given_input))
+        except OSError:
+            continue  # an input that is gone is not this file
+        if same:
+            raise error(f"{label}: is its input {given_input}; write the output to another path")
+    refuse_read_only(target, label, error)
+    return target
+
+
+def write_output(path: str | Path, data: bytes, label: str, inputs: Iterable[str | Path] = (),
+                 error: type[CorrectnessError] = CorrectnessError) -> Path:
+    """A command's output written atomically (replace_file) where output_target allows it."""
+    output_target(path, label, inputs, error)
+    return replace_file(path, data, label, error)
 
 
 def lock_path(target: Path) -> Path:

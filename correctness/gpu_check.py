@@ -3,7 +3,11 @@ lent for ten minutes, whose output folder comes back only as at most eight files
 
     scripts/gpu-check [OUT] [--budget SECONDS] [--module-limit MODULE=SECONDS ...] [--grace SECONDS]
                       [--records FOLDER] [--rehearsal] [--tests FOLDER] [--marker EXPRESSION]
-                      [pytest arguments ...]
+                      [-- pytest arguments ...]
+
+OUT is a new folder or an empty one; arguments after `--` go to every module's pytest. An OUT that
+is a file or holds anything, an option gpu-check does not know, a --tests that is no folder are
+refused in one line (exit 2) before anything runs.
 
 Each test module runs in a pytest process of its own, under one budget for them all (--budget,
 default GPU_CHECK_SECONDS or 420 s) and a time limit of its own (MODULE_LIMITS, --module-limit). The
@@ -339,9 +343,25 @@ def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
 # The command
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line refusal (exit 2): its usage block is for --help."""
+
+    def error(self, message: str):
+        where = "; pytest's arguments go after --" if message.startswith("unrecognized arguments") else ""
+        self.exit(EXIT_REFUSED, f"gpu-check: {message}{where} (see scripts/gpu-check --help)\n")
+
+
 def parse_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="scripts/gpu-check", description="Run the GPU tiers and pack their evidence.")
-    parser.add_argument("out", nargs="?", default="results-gpu", help="the output folder (default results-gpu)")
+    """gpu-check's options, and the pytest arguments (those after `--`). Refused in one line, before
+    anything runs or is written: an option it does not know, an OUT that is a file or a folder
+    holding anything (its files would come back beside the run's, past the eight the machine
+    returns), a --tests or --records that is not a folder."""
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser = _Parser(prog="scripts/gpu-check", description="Run the GPU tiers and pack their evidence.",
+                     epilog="Arguments after -- go to every module's pytest (-- -k sdpa, -- --levers NAME).")
+    parser.add_argument("out", nargs="?", default="results-gpu",
+                        help="the output folder, new or empty (default results-gpu)")
     parser.add_argument("--budget", type=_seconds, default=None,
                         help=f"seconds for every module together (default ${BUDGET_ENV} or {DEFAULT_BUDGET:g})")
     parser.add_argument("--module-limit", action="append", default=[], type=_module_limit, metavar="MODULE=SECONDS",
@@ -355,7 +375,11 @@ def parse_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help=f"the emulated GPU of a rehearsal (H100, H200; H200x1 for one; default {REHEARSAL_GPU})")
     parser.add_argument("--tests", type=Path, default=DEFAULT_TESTS, help="the folder of test modules")
     parser.add_argument("--marker", default=None, help="the tests' marker expression (default: the GPU tiers')")
-    args, extra = parser.parse_known_args(argv)
+    args = parser.parse_args(own)
+    for problem in (_output_problem(Path(args.out)), _folder_problem(args.tests, "--tests", must_exist=True),
+                    _folder_problem(args.records, "--records", must_exist=False)):
+        if problem:
+            parser.error(problem)
     if args.budget is None:
         args.budget = _budget_from_environment(parser)
     if args.emulate_gpu is not None and not args.rehearsal:
@@ -363,6 +387,31 @@ def parse_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.rehearsal and args.emulate_gpu is None:
         args.emulate_gpu = emulated_option(REHEARSAL_GPU)
     return args, extra
+
+
+def _output_problem(out: Path) -> str | None:
+    """Why OUT cannot take the run's files (None: it can): it must be an empty folder, or a new one
+    whose nearest existing parent is a folder."""
+    if out.is_dir():
+        try:
+            held = sorted(os.listdir(out))
+        except OSError as error:
+            return f"OUT {out}: cannot be read ({error.strerror or error})"
+        if held:
+            shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            return f"OUT {out}: not empty ({shown}); give a new or empty folder: only this run's files come back"
+        return None
+    if out.exists() or out.is_symlink():
+        return f"OUT {out}: not a folder; give a new or empty folder"
+    existing = next(path for path in out.absolute().parents if path.exists())
+    return None if existing.is_dir() else f"OUT {out}: {existing} is not a folder"
+
+
+def _folder_problem(folder: Path | None, option: str, must_exist: bool) -> str | None:
+    """Why `folder` (an option's) is no folder it can use (None: it is one, or may be made)."""
+    if folder is None or folder.is_dir() or (not must_exist and not folder.exists()):
+        return None
+    return f"{option} {folder}: {'not a folder' if folder.exists() else 'no such folder'}"
 
 
 def _seconds(text: str) -> float:

@@ -190,7 +190,7 @@ def _shape_record(shape: Any) -> Mapping[str, Any]:
     return record() if callable(record) else {"description": str(shape)}
 
 
-def _identity(case: Case) -> dict[str, Any]:
+def case_identity(case: Case) -> dict[str, Any]:
     """The CaseResult fields that say which case it was."""
     return {
         "case_id": case.id,
@@ -224,7 +224,7 @@ def device_fault(lever: Lever, result: CaseResult) -> str | None:
 def _not_judged(case: Case, started: float, *, skip_reason: str | None = None, error: str | None = None) -> CaseResult:
     """A case that skipped (with the reason) or failed with an error before it could be judged."""
     return CaseResult(
-        **_identity(case),
+        **case_identity(case),
         status=SKIP if error is None else FAIL,
         skip_reason=skip_reason,
         failures=() if error is None else (Failure(error, kind=ERROR),),
@@ -775,7 +775,7 @@ def _decide_candidate(
         failures = outside_rule + failures + (list(format_result.findings) if format_result else [])
     status = FAIL if failures else (FORMAT_LIMITED if limited else NO_KERNEL_CHANGE if same_kernel else PASS)
     return CaseResult(
-        **_identity(case),
+        **case_identity(case),
         status=status,
         skip_reason=None,
         failures=tuple(failures),

@@ -7,7 +7,9 @@ a `run(inputs) -> ImplementationOutput`. Inputs are whatever the lever's cases m
 never looks inside them.
 """
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -215,6 +217,18 @@ class LeverOptions:
 
 
 SCALES = ("smoke", "recipe")
+_DECLARATION_ONLY: ContextVar[bool] = ContextVar("declaration_only", default=False)
+
+
+@contextlib.contextmanager
+def declaration_only() -> Iterator[None]:
+    """Levers built inside are declarations to compare a record with, never run: no case is refused
+    for the memory this machine has (correctness.declaration)."""
+    token = _DECLARATION_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _DECLARATION_ONLY.reset(token)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +310,9 @@ class Lever:
 
     def _refuse_cases_over_memory(self) -> None:
         """OverMemory (one line) where a case that would run is estimated to need more memory than
-        this machine has available (correctness.memory)."""
+        this machine has available (correctness.memory); never for a declaration only rebuilt."""
+        if _DECLARATION_ONLY.get():
+            return
         estimated = [case for case in self.cases if case.memory_bytes is not None and case.skip_reason is None]
         if not estimated:
             return

@@ -8,6 +8,7 @@ in one line, rather than failing each case after minutes of swapping or an out-o
 """
 
 import ctypes
+import math
 import os
 from pathlib import Path
 
@@ -23,11 +24,8 @@ def available_bytes(meminfo: Path = MEMINFO) -> int | None:
     MemAvailable; None where neither says (not Linux)."""
     given = os.environ.get(MEMORY_ENV)
     if given is not None:
-        try:
-            value = int(given)
-        except ValueError:
-            value = -1
-        if value < 1:
+        value = _whole_number(given)
+        if value is None or value < 1:
             raise RecipeError(f"environment variable {MEMORY_ENV} must be a positive number of bytes, got {given!r}")
         return value
     try:
@@ -39,6 +37,20 @@ def available_bytes(meminfo: Path = MEMINFO) -> int | None:
         if name == "MemAvailable":
             return int(rest.split()[0]) * 1024  # kB
     return None
+
+
+def _whole_number(text: str) -> int | None:
+    """An integer written as one ("500000000") or in exponent form ("5e8"); None for anything else
+    (a fraction of a byte, inf, nan, words)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and value.is_integer() else None
 
 
 def available_source() -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from correctness.errors import RecipeError
+from correctness.recipe_arguments import SEQUENCE, disagreement
 
 ROPE_TYPES = {"rope": "rope", "yarn": "rope", "mrope": "rope", "none": "none"}
 SOFTMAX_TYPES = {True: "learnable", False: "vanilla"}
@@ -297,7 +298,7 @@ ARGUMENTS: tuple[ModelArgument, ...] = (
     ModelArgument("--mamba-num-groups", "mamba.groups", _integer, _field("mamba.groups")),
 )
 MODEL_FLAGS = frozenset(argument.flag for argument in ARGUMENTS)
-SEQUENCE_FLAG, BRIDGE_FLAG = "--seq-length", "--megatron-to-hf-mode"
+SEQUENCE_FLAG, BRIDGE_FLAG = SEQUENCE.flag, "--megatron-to-hf-mode"
 # Every flag the check reads (Recipe.argument), whichever lever's factory runs it.
 CHECKED_FLAGS = MODEL_FLAGS | {SEQUENCE_FLAG, BRIDGE_FLAG}
 
@@ -333,19 +334,13 @@ def _compare(recipe: Any, facts: Any, argument: ModelArgument, words: list[str])
 
 
 def _sequence_checked(recipe: Any) -> bool:
-    """--seq-length against the recipe's own workload.row_tokens: a row longer than the sequence
-    Megatron is told would not fit it."""
-    words = recipe.argument(SEQUENCE_FLAG)
-    if words is None:
+    """--seq-length against the recipe's own workload.row_tokens (correctness.recipe_arguments'
+    pair): a row longer than the sequence Megatron is told would not fit it."""
+    if recipe.argument(SEQUENCE_FLAG) is None:
         return False
-    written = " ".join([SEQUENCE_FLAG, *words])
-    try:
-        length = _integer(words, 0)
-    except ValueError:
-        raise ModelArgumentError(f"recipe {recipe.id}: {written} in its run script is malformed") from None
-    if length < recipe.row_tokens:
-        raise ModelArgumentError(f"recipe {recipe.id}: {written} in its run script, shorter than its workload.row_tokens"
-                          f" {recipe.row_tokens}")
+    problem = disagreement(SEQUENCE, recipe.data, recipe.arguments, recipe.id)
+    if problem is not None:
+        raise ModelArgumentError(problem)
     return True
 
 

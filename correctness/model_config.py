@@ -466,9 +466,41 @@ def _family_config(path: str | Path) -> _Config:
         raise ModelFactsError(f"model config {config.path}: missing field text_config (a {family_name} model's text model)")
     cfg = _Config(config, fields, architectures[0], family_name, family)
     cfg.get("architectures")
+    _check_model_type(cfg, top)
+    _check_model_name(cfg)
     _check_numbers(cfg)
     _check_expected_values(cfg)
     return cfg
+
+
+def _check_model_type(cfg: _Config, top: dict[str, Any]) -> None:
+    """The config's `model_type` (and its text_config's) is one of its architecture family's."""
+    allowed = cfg.family.get("model_types") or ()
+    for where, section in (("model_type", top), ("text_config.model_type", top.get("text_config"))):
+        value = section.get("model_type") if isinstance(section, dict) else None
+        if value is not None and value not in allowed:
+            raise cfg.error(f"field {where} {value!r} is not the {cfg.family_name} family's ({', '.join(allowed)}),"
+                            f" but architectures names {cfg.architecture}: the config contradicts itself")
+    cfg.get("model_type")
+
+
+def name_families(name: str) -> tuple[str, ...]:
+    """The families whose `names` words the model's name holds (families.yaml: compared in lower case,
+    with everything but letters and digits left out)."""
+    squashed = re.sub(r"[^a-z0-9]", "", name.lower())
+    return tuple(family_name for family_name, family in families().items()
+                 if any(word in squashed for word in family.get("names") or ()))
+
+
+def _check_model_name(cfg: _Config) -> None:
+    """A config whose architecture is not of the family its model's name says (a Llama config in a
+    folder named Gemma-4-31B) is another model's: its facts would label one model's cases with
+    another's geometry."""
+    named = name_families(cfg.config.name)
+    if named and cfg.family_name not in named:
+        raise cfg.error(f"architecture {cfg.architecture} is of the {cfg.family_name} family, but the model"
+                        f" {cfg.config.name} (the name of the folder holding its config.json) is of the"
+                        f" {' or '.join(named)} family: this is another model's config")
 
 
 def _layer_kinds(
@@ -637,9 +669,16 @@ def _field_fates(cfg: _Config) -> dict[str, Any]:
     return {"used": sorted(used), "ignored": dict(sorted(ignored.items()))}
 
 
+def field_words(key: str) -> set[str]:
+    """A field's name as words: split at `_`, `-`, `.` and where a capital follows a lower-case
+    letter or a digit (logitScale: logit, scale)."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key)
+    return {word for word in re.split(r"[^a-z0-9]+", spaced.lower()) if word}
+
+
 def _unknown_field(cfg: _Config, key: str, numerics_words: list[str]) -> str:
     """The reason an unknown field is ignored; refused where a word of its name says numerics."""
-    words = sorted(set(key.lower().split("_")) & set(numerics_words))
+    words = sorted(field_words(key) & set(numerics_words))
     if words:
         raise cfg.error(f"field {key} is not known to the suite, and its name ({', '.join(words)}) says it may shape"
                         f" what a lever computes; add it to config_fields in {FAMILIES_FILE.name} with its fate")

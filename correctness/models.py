@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from correctness.errors import RecipeError
+from correctness.files import visible_name
 from correctness.fixtures import CONFIGS_DIR, MODELS_DIR
 from correctness.model_arguments import check_model_arguments
 from correctness.model_config import config_file, facts_from_config, same_model
@@ -140,7 +141,11 @@ def _present(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
 def check_facts(data: dict[str, Any], owner: str) -> None:
     """Hold every size the levers read to correctness.model_limits, and the RoPE bases, windows,
     scales and softcaps to finite positive numbers: RecipeError in one line naming `owner` and the
-    field. A field that is absent is left to the lever that needs it (which names it missing)."""
+    field. A field that is absent is left to the lever that needs it (which names it missing). The
+    model's name (a config's: its folder's) must show as itself (correctness.files.visible_name)."""
+    present, name = _present(data, "name")
+    if present and isinstance(name, str):
+        visible_name(name, f"{owner}: field name", RecipeError)
     for dotted, dimension in SIZES.items():
         present, value = _present(data, dotted)
         if present:

@@ -50,6 +50,7 @@ import pytest
 import torch
 
 from correctness.catalogue import lever_catalogue
+from correctness.declaration import tier_levers
 from correctness.distributed import InterruptionWatch, catch_stop_signals, rank_server_pid, stop_rank_server
 from correctness.emulated_gpu.gpus import OPTION as EMULATE_OPTION
 from correctness.emulated_gpu.gpus import emulated_option
@@ -63,6 +64,7 @@ from correctness.lever import SCALES, Case, Lever, LeverOptions, NotApplicable
 from correctness.models import load_facts
 from correctness.provenance import gpu_type
 from correctness.report import case_report, fit_lines, verdict_table
+from correctness.recipe_arguments import check_recipe
 from correctness.recipes import load_recipe
 from correctness.record_store import (append_cases, case_log_path, recover_case_logs, remove_case_logs,
                                       start_case_log, store_record, why_beside)
@@ -233,7 +235,7 @@ def _read_options(config) -> LeverOptions:
     return LeverOptions(
         checkpoint_dir=Path(folder) if folder else None,
         model_checkpoint=Path(model) if model else None,
-        recipe=load_recipe(recipe) if recipe else None,
+        recipe=check_recipe(load_recipe(recipe)) if recipe else None,  # its fields agree with its script
         model=load_facts(facts) if facts else None,
         scale=config.getoption("scale"),
         emulated=config.getoption("emulate_gpu", None),
@@ -246,17 +248,14 @@ def _levers(factory, options: LeverOptions) -> tuple[list[Lever], tuple[str, str
     With --recipe every test's factory builds its levers from that one recipe, so a test that names
     several fixture recipes gets the same lever from each: it is kept once."""
     try:
-        levers = factory(options)
+        levers = tier_levers(factory, options)
     except NotApplicable as reason:
         return [], ("not-applicable", str(reason))
     except OverMemory as refusal:
         if options.scale != "recipe":
             raise
         return [], ("over-memory", f"at the recipe scale: {refusal}")
-    unique: dict[str, Lever] = {}
-    for lever in options.recorded(levers):
-        unique.setdefault(f"{lever.record_id}|{lever.recipe.id}", lever)
-    return list(unique.values()), None
+    return levers, None
 
 
 def declared_levers(node) -> tuple[str, ...]:

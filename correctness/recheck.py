@@ -57,14 +57,19 @@ def rule_problem(lever: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _same(stated: Any, derived: Any) -> Any:
-    """The stated figure where the derived one agrees with it (to RELATIVE for floats), else the derived."""
+def _agree(stated: Any, derived: Any) -> bool:
+    """Whether two figures are the same: floats to RELATIVE (NaN agreeing with NaN), others exactly."""
     if isinstance(stated, float) and isinstance(derived, float):
         if stated == derived or (math.isnan(stated) and math.isnan(derived)):
-            return stated
-        if math.isfinite(stated) and math.isfinite(derived) and abs(stated - derived) <= RELATIVE * max(abs(stated), abs(derived)):
-            return stated
-    return derived
+            return True
+        return (math.isfinite(stated) and math.isfinite(derived)
+                and abs(stated - derived) <= RELATIVE * max(abs(stated), abs(derived)))
+    return stated == derived
+
+
+def _same(stated: Any, derived: Any) -> Any:
+    """The stated figure where the derived one agrees with it (to RELATIVE for floats), else the derived."""
+    return stated if _agree(stated, derived) else derived
 
 
 def _agreeing(value: Any, **derived: Any) -> Any:
@@ -104,13 +109,38 @@ def _judgement(judgement: Judgement | None, rule: Rule) -> Judgement | None:
     return dataclasses.replace(judgement, tensors=tuple(_tensor(t, rule) for t in judgement.tensors))
 
 
+def _against(judgement: Judgement | None, floor: Judgement) -> Judgement | None:
+    """A judgement against the format floor with the floor's own figures in the default's place: its
+    error per tensor, and the slope and offset of its error."""
+    if judgement is None:
+        return None
+    figures = {t.tensor: t for t in floor.tensors}
+
+    def held(t: TensorComparison) -> TensorComparison:
+        own = figures.get(t.tensor)
+        if own is None:
+            return t
+        systematic = _agreeing(t.systematic, default_slope=own.systematic.slope, default_offset=own.systematic.offset)
+        return _agreeing(dataclasses.replace(t, systematic=systematic), default_error=own.error)
+
+    return dataclasses.replace(judgement, tensors=tuple(held(t) for t in judgement.tensors))
+
+
 def _format(result: FormatResult | None, rule: Rule) -> FormatResult | None:
+    """The format figures recomputed whole: the floor judged under the rule; the candidate's runs and
+    the controls against the floor's own error and slopes; the tensors biased beyond the floor from
+    the candidate's recomputed systematic flags."""
     if result is None:
         return None
+    floor = _judgement(result.floor, rule)
+    candidate = _judgement(_against(result.candidate, floor), rule)
+    biased = tuple(t.tensor for t in candidate.tensors if t.systematic_flagged)
     return dataclasses.replace(
-        result, floor=_judgement(result.floor, rule), candidate=_judgement(result.candidate, rule),
-        candidate_repeat=_judgement(result.candidate_repeat, rule),
-        controls=tuple(FormatControl(name=c.name, judgement=_judgement(c.judgement, rule)) for c in result.controls),
+        result, floor=floor, candidate=candidate,
+        candidate_repeat=_judgement(_against(result.candidate_repeat, floor), rule),
+        controls=tuple(FormatControl(name=c.name, judgement=_judgement(_against(c.judgement, floor), rule))
+                       for c in result.controls),
+        systematic=biased if set(biased) != set(result.systematic) else result.systematic,
     )
 
 
@@ -170,7 +200,43 @@ def case_problems(case: CaseResult, lever: Mapping[str, Any]) -> list[str]:
     if (case.status == NO_KERNEL_CHANGE) != same_kernel and case.status != FORMAT_LIMITED:
         problems.append(f"{where} is {case.status} while its candidate ran {ran} and its default {case.default.backend}"
                         + (" (the lever compares no kernels)" if not lever.get("compares_kernels") else ""))
-    return problems + _candidate_problems(case)
+    return problems + _default_problems(case) + _format_control_problems(case) + _candidate_problems(case)
+
+
+def _default_problems(case: CaseResult) -> list[str]:
+    """Where a case states more than one figure of its default for a tensor: every judgement of the
+    case (the candidate's runs, the default's repeat, the controls) holds its tensors to the one run
+    of the default, so each tensor has one default error, slope and offset."""
+    judgements = [("the candidate", case.candidate), ("the candidate's repeat", case.candidate_repeat),
+                  ("the default's repeat", case.default_repeat),
+                  *((f"control '{c.name}'", c.judgement) for c in case.controls)]
+    first: dict[str, tuple[str, tuple[float, float, float]]] = {}
+    for role, judgement in judgements:
+        for t in judgement.tensors if judgement is not None else ():
+            figures = (t.default_error, t.systematic.default_slope, t.systematic.default_offset)
+            seen_role, seen = first.setdefault(t.tensor, (role, figures))
+            differs = next((i for i, (a, b) in enumerate(zip(seen, figures)) if not _agree(a, b)), None)
+            if differs is not None:
+                name = ("error", "slope", "offset")[differs]
+                return [f"case {case.case_id} states two default {name}s for {t.tensor}: {seen[differs]:.6g} in"
+                        f" {seen_role}, {figures[differs]:.6g} in {role} (the default ran once)"]
+    return []
+
+
+def _format_control_problems(case: CaseResult) -> list[str]:
+    """Where a case's format figures lack a control that applies to it: each is judged against the
+    format bound too, so that a format-limited case keeps the power the rule's controls give it."""
+    if case.format is None:
+        return []
+    judged = [control.name for control in case.controls if control.judgement is not None]
+    stated = [control.name for control in case.format.controls]
+    lacking = [name for name in judged if name not in stated]
+    if lacking:
+        return [f"case {case.case_id} has no format figures for its control '{lacking[0]}', which applies to it"]
+    extra = [name for name in stated if name not in judged]
+    if extra or len(stated) != len(judged):
+        return [f"case {case.case_id} states format figures for controls {stated}, not for those that applied {judged}"]
+    return []
 
 
 def _candidate_problems(case: CaseResult) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 
 from correctness.errors import RecipeError
-from correctness.files import folder_parts
+from correctness.files import folder_parts, visible_name
 from correctness.results import RecipeRef
 from correctness.model_config import name_key
 from correctness.model_limits import checked_size
@@ -79,6 +79,18 @@ def training_arguments(run: str) -> dict[str, list[list[str]]]:
     return arguments
 
 
+def script_arguments(run: Any, name: str) -> dict[str, list[list[str]]]:
+    """training_arguments of a recipe's `run` field; RecipeError naming recipe `name` where it is no
+    script or cannot be split into words."""
+    if not isinstance(run, str):
+        kind = "list" if isinstance(run, list) else "mapping" if isinstance(run, dict) else type(run).__name__
+        raise RecipeError(f"recipe {name}: field run must be a script, got {kind}")
+    try:
+        return training_arguments(run)
+    except ValueError as error:  # shlex: an unbalanced quote
+        raise RecipeError(f"recipe {name}: field run cannot be split into words ({error})") from None
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A recipe file, read; the fields the suite uses are properties that fail with the field's name."""
@@ -123,14 +135,7 @@ class Recipe:
 
     @cached_property
     def arguments(self) -> dict[str, list[list[str]]]:
-        run = self.field("run")
-        if not isinstance(run, str):
-            kind = "list" if isinstance(run, list) else "mapping" if isinstance(run, dict) else type(run).__name__
-            raise RecipeError(f"recipe {self.id}: field run must be a script, got {kind}")
-        try:
-            return training_arguments(run)
-        except ValueError as error:  # shlex: an unbalanced quote
-            raise RecipeError(f"recipe {self.id}: field run cannot be split into words ({error})") from None
+        return script_arguments(self.field("run"), self.id)
 
     def argument(self, flag: str) -> list[str] | None:
         """The values of a training flag's last occurrence ([] for a switch), or None if absent."""
@@ -163,8 +168,11 @@ class Recipe:
 
 
 def validate_recipe(data: Any, name: str) -> None:
-    """Raise RecipeError naming the first field of recipe data that does not fit the recipe schema.
-    Dates become ISO strings first; aliases are expanded there, which load_yaml has bounded."""
+    """Raise RecipeError naming the first field of recipe data that does not fit the recipe schema,
+    or that its run script contradicts (correctness.recipe_arguments: `layout.tp: 2` with
+    --tensor-model-parallel-size 4, a flag given twice with different values). Dates become ISO
+    strings first; aliases are expanded there, which load_yaml has bounded."""
+    from correctness.recipe_arguments import check_recipe_arguments
     from correctness.schema import first_problem
 
     try:
@@ -175,6 +183,7 @@ def validate_recipe(data: Any, name: str) -> None:
     if problem is not None:
         where, message = problem
         raise RecipeError(f"recipe {name}: {where}: {message}")
+    check_recipe_arguments(document, script_arguments(document["run"], name), name)
 
 
 ID_FIELDS = ("model", "gpu.type")  # the fields a recipe's id is built from, with its file name
@@ -187,7 +196,7 @@ def _id_name(data: dict[str, Any], field: str, path: Path) -> str:
         raise RecipeError(f"{missing}, which its id (<model>/<gpu>/<file name>) is built from") from None
     if not isinstance(value, str):
         raise RecipeError(f"recipe {path}: field {field} must be a name, got {value!r}")
-    return value
+    return visible_name(value, f"recipe {path}: field {field}", RecipeError)
 
 
 def recipe_id_of(path: Path, data: dict[str, Any]) -> str:

@@ -418,25 +418,25 @@ def assess(statuses: Mapping[str, str], declared: Sequence[str], optional: Colle
     return verdict, completeness
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Dataclasses to dicts (properties that matter included), non-finite floats to None."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Judgement):
-        return {"passes": value.passes, "run": _jsonable(value.run), "tensors": _jsonable(value.tensors)}
+        return {"passes": value.passes, "run": jsonable(value.run), "tensors": jsonable(value.tensors)}
     if isinstance(value, TensorComparison):
-        fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {**fields, "systematic_flagged": value.systematic_flagged}
     if isinstance(value, Systematic):
-        fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return {**fields, "over_threshold": _jsonable(value.over_threshold)}
+        fields = {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {**fields, "over_threshold": jsonable(value.over_threshold)}
     if isinstance(value, Failure):
         return value.to_json()
     if isinstance(value, FormatControl):
-        return {"name": value.name, "fails": value.fails, "power": _jsonable(value.power),
-                "judgement": _jsonable(value.judgement)}
+        return {"name": value.name, "fails": value.fails, "power": jsonable(value.power),
+                "judgement": jsonable(value.judgement)}
     if isinstance(value, FormatResult):
-        fields = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {**fields, "floor_fails_rule": list(value.floor_fails_rule)}
     if isinstance(value, ControlResult):
         return {
@@ -445,29 +445,29 @@ def _jsonable(value: Any) -> Any:
             "inapplicable_reason": value.inapplicable_reason,
             "fails_bound": value.fails_bound,
             "fails": value.fails,
-            "power": _jsonable(value.power),
-            "spread": _jsonable(value.spread),
-            "judgement": _jsonable(value.judgement),
+            "power": jsonable(value.power),
+            "spread": jsonable(value.spread),
+            "judgement": jsonable(value.judgement),
         }
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     return str(value)
 
 
 def record_to_json(record: LeverRecord) -> dict[str, Any]:
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, **_jsonable(record)}
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, **jsonable(record)}
 
 
 def case_to_json(case: CaseResult) -> dict[str, Any]:
     """One case's result in a record's JSON form (an element of its `cases`), for writing each case
     as it finishes (correctness.record_store.CaseLog)."""
-    return _jsonable(case)
+    return jsonable(case)
 
 
 FOLDER_HASH = 8  # hex digits of the recipe location's sha256 in its records' folder name
@@ -559,7 +559,7 @@ def merge_records(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         **first,
         "verdict": verdict,
-        "completeness": _jsonable(completeness),
+        "completeness": jsonable(completeness),
         "cases": cases,
         "provenance": provenance,
         "started": min(part["started"] for part in parts),
@@ -624,14 +624,4 @@ def read_record(path: Path) -> dict[str, Any]:
         where, value = nonfinite
         raise CorrectnessError(f"{label}: field {where} is {value}, not a finite number (a record writes null"
                                " where a figure is not finite)")
-    return data
-
-
-def read_trusted_record(path: Path) -> dict[str, Any]:
-    """read_record, refusing too a record whose stated figures its measurements contradict
-    (stated_fields_disagree): for readers that take a record as evidence without attaching it."""
-    data = read_record(path)
-    disagreement = stated_fields_disagree(data)
-    if disagreement is not None:
-        raise CorrectnessError(f"result record {path}: it contradicts itself: {disagreement}")
     return data

@@ -131,10 +131,18 @@ def test_run_refuses_a_results_folder_it_cannot_write_before_pytest(capsys, tmp_
     assert one_line(err) and f"results folder {results}" in err, err
 
 
+def tp3(data) -> None:
+    """The seed at TP 3 on 12 GPUs, its fields and its run script alike (correctness.recipe_arguments)."""
+    data["layout"].update(tp=3)
+    data["gpu"].update(count=12)
+    data["run"] = data["run"].replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 3").replace(
+        "--actor-num-gpus-per-node 8", "--actor-num-gpus-per-node 12")
+
+
 def test_run_refuses_a_recipe_its_levers_cannot_shape_in_one_line(tmp_path):
     """TP 3 passes the schema but splits no Gemma tensor evenly: the levers fail while they are built
     (at pytest's collection). One line naming the reason, no pytest report."""
-    path = recipe_copy(tmp_path, "tp3.yaml", lambda data: data["layout"].update(tp=3))
+    path = recipe_copy(tmp_path, "tp3.yaml", tp3)
     finished = run_cli("run", path, "--tier", "cpu", "--results-dir", tmp_path / "results",
                        "--", "--collect-only", "-q", *QUIET, cwd=tmp_path)
     assert finished.returncode == commands.EXIT_BAD_INPUT

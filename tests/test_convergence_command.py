@@ -90,7 +90,7 @@ def test_command_writes_a_png(converge, tmp_path):
 
 def test_command_plot_to_a_missing_folder_is_bad_input(converge, tmp_path):
     code, _, err = converge(DATA / "candidate.log", DATA / "reference.log", "--plot", tmp_path / "no" / "x.png")
-    assert code == commands.EXIT_BAD_INPUT and "cannot write the plot" in err
+    assert code == commands.EXIT_BAD_INPUT and f"plot {tmp_path / 'no' / 'x.png'}: cannot be written" in err
 
 
 def test_matplotlib_is_imported_only_to_plot():

@@ -5,7 +5,6 @@ tier's inputs, as a real GPU would."""
 
 import dataclasses
 import json
-import shutil
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from correctness.recipes import load_recipe
 from correctness.record_store import EMULATED_FOLDER, store_record
 from correctness.results import FAIL, PASS, LeverRecord, read_record, write_record
 from correctness.tiers import GPU
-from toy_records import GEMMA, toy_record
+from toy_records import GEMMA, declared_record, toy_record
 
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
 
@@ -40,13 +39,6 @@ def records(tmp_path_factory):
     with emulated_gpu(parse_emulated("H100")):
         emulated = toy_record(folder / "emulated", tier=GPU)
     return real, emulated
-
-
-@pytest.fixture
-def gemma_copy(tmp_path):
-    path = tmp_path / "gemma.yaml"
-    shutil.copy(recipe_path(GEMMA), path)
-    return path
 
 
 def test_a_record_made_on_the_emulated_gpu_says_so(records):
@@ -101,29 +93,25 @@ def test_check_never_counts_what_attach_refused(records, gemma_copy):
     assert check_recipe(gemma_copy, reference=reference).to_dict() == before
 
 
-def gpu_lever_record(source, folder, lever: str, tier: str, emulated: bool):
-    """A record of `lever` on an H100 made over from the toy record (as tests/test_levers_command.py
-    does), with or without the emulation's marker."""
-    data = read_record(source)
-    data["lever"] |= {"name": lever, "tier": tier, "device": "cuda", "record_id": f"{lever}--{tier}--toy"}
-    data["provenance"]["device"] = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "gpu_type": "H100",
-                                    "capability": "9.0", "memory_gb": 79.6, "index": 0}
+def gpu_lever_record(source, folder, lever: str, tier: str, emulated: bool, recipe: str = GEMMA):
+    """A record of `lever` on an H100 as the suite declares it (tests/toy_records.py: declared_record),
+    with the emulation's marker of the emulated toy record where `emulated`."""
+    path = declared_record(folder, lever, tier, recipe)
     if not emulated:
-        data["provenance"].pop("emulated_gpu", None)
-    from correctness.catalogue import catalogued
-
-    data["lever"]["version"] = catalogued(lever).version
+        return path
+    data = read_record(path)
+    data["provenance"]["emulated_gpu"] = read_record(source)["provenance"]["emulated_gpu"]
     return write_record(data, folder)
 
 
 def test_levers_results_never_count_an_emulated_gpu_record(records, tmp_path, capsys):
     _, emulated = records
-    gpu_lever_record(emulated, tmp_path / "emulated", "moe-router-dtype", "megatron", emulated=True)
+    gpu_lever_record(emulated, tmp_path / "emulated", "moe-router-dtype", "megatron", emulated=True, recipe=NEMOTRON)
     assert read_results(tmp_path / "emulated").gpu == ()
     assert main(["levers", "--results", str(tmp_path / "emulated"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["evidence"]["gpu-run"] == 0 and data["results"]["gpu_records"] == 0
-    gpu_lever_record(emulated, tmp_path / "real", "moe-router-dtype", "megatron", emulated=False)
+    gpu_lever_record(emulated, tmp_path / "real", "moe-router-dtype", "megatron", emulated=False, recipe=NEMOTRON)
     assert len(read_results(tmp_path / "real").gpu) == 1  # the same record off the emulation would count
 
 

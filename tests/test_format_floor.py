@@ -220,3 +220,53 @@ def test_strict_systematic_judges_a_candidate_with_a_floor_against_the_floors_bi
     strict = run_case(lever(candidate=Scaled()), case(0), strict_systematic=True)
     assert strict.status == FAIL
     assert any("systematic error" in failure and "floor" in failure for failure in strict.failures), strict.failures
+
+
+@pytest.fixture(scope="module")
+def limited_record():
+    """A format-limited record's JSON form, with a second control (both apply)."""
+    doubled = Control(name="rank doubled", implementation=Reduce("bf16 reduction, rank flipped", rounding=to_bf16,
+                                                                  flip_rank=0))
+    data = record_to_json(run_lever(lever(controls=(DROPPED, doubled))))
+    assert data["verdict"] == FORMAT_LIMITED and stated_fields_disagree(data) is None
+    return data
+
+
+def _edited(data, edit):
+    copy = json.loads(json.dumps(data))
+    edit(copy["cases"][0]["format"])
+    return copy
+
+
+def test_the_floors_error_is_read_from_the_floors_own_figures(limited_record):
+    """A candidate's bound against the floor raised by raising its copy of the floor's error."""
+    def raise_floor_copy(limited):
+        for t in limited["candidate"]["tensors"]:
+            t["default_error"] *= 1.5
+    found = stated_fields_disagree(_edited(limited_record, raise_floor_copy))
+    assert found.startswith("field cases.0.format.candidate.tensors.0.default_error says"), found
+
+
+def test_the_bias_against_the_floor_is_recomputed_from_the_stored_slopes(limited_record):
+    """A slope beyond its threshold with the case's list of biased tensors left empty."""
+    def biased(limited):
+        tensor = limited["candidate"]["tensors"][0]
+        systematic = tensor["systematic"]
+        systematic |= {"slope": 10 * systematic["slope_threshold"], "flagged": True}
+        systematic["over_threshold"] = max(10.0, abs(systematic["offset"]) / systematic["offset_threshold"])
+        tensor["systematic_flagged"] = True
+    found = stated_fields_disagree(_edited(limited_record, biased))
+    assert found == 'field cases.0.format.systematic says [] where its figures give ["grad"]', found
+
+
+@pytest.mark.parametrize("kept", [1, 0])
+def test_deleting_format_controls_is_refused(limited_record, kept):
+    from correctness.recheck import case_problems
+
+    def deleted(limited):
+        limited["controls"] = limited["controls"][:kept]
+    forged = LeverRecord.from_json(_edited(limited_record, deleted))
+    problems = case_problems(forged.cases[0], limited_record["lever"])
+    assert any("has no format figures for its control" in problem for problem in problems), problems
+    honest = LeverRecord.from_json(limited_record)
+    assert case_problems(honest.cases[0], limited_record["lever"]) == []

@@ -49,13 +49,6 @@ def records(tmp_path_factory):
     return {name: toy_record(folder, name=name) for name in ("a", "b")}
 
 
-@pytest.fixture
-def gemma_copy(tmp_path):
-    path = tmp_path / "gemma.yaml"
-    shutil.copy(recipe_path(GEMMA), path)
-    return path
-
-
 def entry_tests(recipe: Path) -> list[str]:
     return [entry["test"] for entry in load_recipe(recipe).field("correctness.component_tests")]
 

@@ -5,7 +5,6 @@ tests, the rules file and the tests they name; GPU and CPU records in a results 
 import io
 import json
 import re
-import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from correctness.evidence import CLASSES, DECLARED, GPU_ONLY, GPU_RUN, STAND_IN,
 from correctness.fixtures import COMPONENT_TESTS_DIR
 from correctness.lever_spec import RECIPE_GPU
 from correctness.registry import KNOWN_LEVERS
-from correctness.results import read_record, write_record
+from correctness.results import read_record
 from correctness.tiers import GPU_MARKERS, TIERS, cuda_only_markers
-from toy_records import GEMMA, toy_record
+from toy_records import GEMMA, NEMOTRON, declared_record
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_TIERS = {tier.name for tier in TIERS if tier.device == "cpu"}
@@ -181,30 +180,23 @@ def test_each_test_said_to_hold_a_stand_in_equal_to_upstream_exists_and_needs_a_
 # --- a results folder ----------------------------------------------------------------------------
 
 
-def gpu_record(folder: Path, lever: str, tier: str, description: str | None = None) -> Path:
-    """The toy lever's record (correctness' own writer) made over by hand into a record of `lever` on
-    an H100, read back through read_record by the command."""
-    data = json.loads(toy_record(folder / "toy").read_text())
-    version = KNOWN_LEVERS[lever].version
-    data["lever"] |= {"name": lever, "version": version, "tier": tier, "device": "cuda",
-                      "record_id": f"{lever}--{tier}--toy", "description": description or data["lever"]["description"]}
-    data["provenance"]["device"] = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "gpu_type": "H100",
-                                    "capability": "9.0", "memory_gb": 79.2, "index": 0}
-    data["finished"] = "2026-12-02T10:00:00+00:00"
-    shutil.rmtree(folder / "toy")
-    return write_record(data, folder)
+def gpu_record(folder: Path, lever: str, tier: str, recipe: str = GEMMA, description: str | None = None,
+               wrong: bool = False) -> Path:
+    """A record of `lever` in `tier` on an H100, as the suite declares it for the recipe
+    (tests/toy_records.py: declared_record), read back by the command."""
+    return declared_record(folder, lever, tier, recipe, description=description, wrong=wrong)
 
 
 def test_a_gpu_record_upgrades_its_levers_arguments_to_gpu_run(tmp_path, capsys):
-    path = gpu_record(tmp_path, "moe-router-dtype", "megatron")
+    path = gpu_record(tmp_path, "moe-router-dtype", "megatron", NEMOTRON)
     read_record(path)
     assert main(["levers", "--results", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     router = next(entry for entry in data["arguments"] if entry["argument"] == "--moe-router-dtype")
     assert router["class"] == GPU_RUN and router["declared"] == UPSTREAM
-    assert router["where"] == "NVIDIA H100 80GB HBM3, 2026-12-02 (megatron)"
+    assert router["where"] == "NVIDIA H100 80GB HBM3, 2026-12-02 (megatron: pass)"
     assert router["gpu_run"] == {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-02", "tier": "megatron",
-                                 "recipe": GEMMA, "verdict": "pass", "record": str(path)}
+                                 "recipe": NEMOTRON, "verdict": "pass", "record": str(path)}
     assert data["evidence"][GPU_RUN] == 1
     assert data["results"] == {"folder": str(tmp_path), "gpu_records": 1, "cpu_records": 0, "contradictions": []}
     others = [entry for entry in data["arguments"] if entry["argument"] != "--moe-router-dtype"]
@@ -220,14 +212,10 @@ def test_a_gpu_record_upgrades_only_the_arguments_its_description_is_evidence_fo
 
 
 def test_a_cpu_record_that_contradicts_a_declaration_fails_the_command(tmp_path, capsys):
-    """The toy lever's candidate differs from its default: as a `bookkeeping` lever's record it
-    contradicts the declaration; as an `upstream` one's it agrees."""
-    data = json.loads(toy_record(tmp_path / "toy").read_text())
-    shutil.rmtree(tmp_path / "toy")
+    """The toy's candidate differs from its default: in a `bookkeeping` lever's record it contradicts
+    the declaration; in an `upstream` one's it agrees."""
     for lever, status in (("moe-router-dtype", 0), ("moe-grouped-gemm", 1)):
-        data["lever"] |= {"name": lever, "version": KNOWN_LEVERS[lever].version, "tier": "megatron-cpu",
-                          "record_id": f"{lever}--megatron-cpu--toy"}
-        write_record(data, tmp_path)
+        declared_record(tmp_path, lever, "megatron-cpu", NEMOTRON)
         assert main(["levers", "--results", str(tmp_path)]) == status
     out = capsys.readouterr().out
     assert "records in" in out and "2 CPU" in out
@@ -243,8 +231,7 @@ def test_a_file_in_the_results_that_is_not_a_record_and_a_missing_folder_are_ref
 
 
 def test_no_line_is_longer_than_the_width(tmp_path, capsys):
-    gpu_record(tmp_path, "cross-entropy-fusion", "h100",
-               description="cross-entropy fusion: TE's parallel cross entropy against the unfused one")
+    gpu_record(tmp_path, "cross-entropy-fusion", "h100")
     for arguments in ([], ["--results", str(tmp_path)]):
         assert main(["levers", *arguments]) == 0
         lines = capsys.readouterr().out.splitlines()

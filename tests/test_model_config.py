@@ -183,6 +183,11 @@ def llama_recipe(tmp_path, **changes):
     data = yaml.safe_load(recipe_path("gemma-4-31b/h100/attune-tp2-pp4-split13").read_text())
     data["model"] = changes.pop("model", "Llama-3.1-8B")
     data["layout"].update(changes)
+    if "tp" in changes:  # the run script and the GPUs as the layout says (correctness.recipe_arguments)
+        tp, pp = changes["tp"], data["layout"]["pp"]
+        data["gpu"]["count"] = tp * pp
+        data["run"] = data["run"].replace("--tensor-model-parallel-size 2", f"--tensor-model-parallel-size {tp}") \
+            .replace("--actor-num-gpus-per-node 8", f"--actor-num-gpus-per-node {tp * pp}")
     path = tmp_path / "llama.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

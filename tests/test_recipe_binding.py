@@ -79,11 +79,19 @@ def offload_record(tmp_path_factory):
     return write_record(run_lever(lever), tmp_path_factory.mktemp("records"))
 
 
+# A flag whose recipe field must say the same (correctness.recipe_arguments): edited with it.
+FIELDS_OF = {"--optimizer-offload-fraction 0.8": "optimizer_fraction: 0.8"}
+
+
 def recipe_variant(tmp_path: Path, old: str, new: str) -> Path:
     path = tmp_path / "attune-tp2-pp4-split13.yaml"
     text = recipe_path(GEMMA).read_text()
     assert old in text
-    path.write_text(text.replace(old, new))
+    text = text.replace(old, new)
+    if old in FIELDS_OF:
+        field = FIELDS_OF[old]
+        text = text.replace(field, field.replace(old.split()[-1], new.split()[-1]))
+    path.write_text(text)
     return path
 
 

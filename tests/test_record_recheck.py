@@ -2,28 +2,19 @@
 is recomputed from its figures (correctness.recheck), and a case's status from its judgements."""
 
 import json
-import shutil
 
 import pytest
 
 from correctness.attach import attach
 from correctness.errors import CorrectnessError
-from correctness.fixtures import recipe_path
 from correctness.recheck import recomputed
 from correctness.results import LeverRecord, read_record, record_to_json, stated_fields_disagree
-from toy_records import GEMMA, toy_record
+from toy_records import toy_record
 
 
 @pytest.fixture(scope="module")
 def record(tmp_path_factory):
     return toy_record(tmp_path_factory.mktemp("records"))
-
-
-@pytest.fixture
-def gemma_copy(tmp_path):
-    path = tmp_path / "gemma.yaml"
-    shutil.copy(recipe_path(GEMMA), path)
-    return path
 
 
 def candidate_tensor(data):

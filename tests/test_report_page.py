@@ -211,18 +211,17 @@ def test_bad_input_is_one_line_and_no_file(results, tmp_path, capsys):
     assert not target.exists()
 
 
-def test_a_recipe_whose_file_is_gone_is_not_judged_and_says_so(tmp_path, capsys):
+def test_a_record_whose_recipe_is_gone_is_refused_naming_it(tmp_path, capsys):
+    """A record is held to its recipe (correctness.trust): where the recipe's file is gone there is
+    nothing to hold it to, and no page is written."""
     recipe = tmp_path / "gone.yaml"
     shutil.copy(recipe_path(GEMMA), recipe)
     record = toy_record(tmp_path / "results", recipe=load_recipe(recipe))
     recipe.unlink()
     code, _, err = call(capsys, "report", record)
-    assert code == 0, err
-    page = parse(record.parent / "report.html")
-    assert page.main["data-verdict"] == page.verdict == "not judged"
-    assert f"{recipe.resolve()} is gone" in (record.parent / "report.html").read_text()
-    assert [section["data-lever"] for section in page.sections] == ["toy-sums"]
-    assert "not declared" in (record.parent / "report.html").read_text()  # no evidence class: not this suite's lever
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"its recipe gemma-4-31b/h100/gone is not at {recipe.resolve()}" in err
+    assert not (record.parent / "report.html").exists()
 
 
 def test_json_pointers_escape_slash_and_tilde():

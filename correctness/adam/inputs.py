@@ -64,6 +64,24 @@ def row_blocks(param: ParamSlice) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+# Bytes per element of the largest parameter, whose BF16 weights are drawn whole and its units cut
+# from them: the weights and what the allocator keeps of drawing them (Nemotron's offload case grew
+# 109 MB from 1/4 of the recipe's dimensions to the recipe's, its largest parameter by 25.2M elements).
+WHOLE_WEIGHTS_BYTES_PER_ELEMENT = 4
+
+
+def streamed_memory(params: Sequence[ParamSlice], *, per_unit_element: int, fixed: int) -> dict[str, Any]:
+    """Case.memory_bytes and memory_driver of a case that streams these parameters' units, one at a
+    time: `fixed` bytes, `per_unit_element` bytes per element of the largest unit (its inputs and
+    every path's outputs and comparisons, measured per lever) and the largest parameter's weights
+    drawn whole. It grows with the largest unit (at most UNIT_ELEMENTS), not with the inventory."""
+    unit = max(((stop - start) * math.prod(p.shape[1:]) for p in params for start, stop in row_blocks(p)), default=0)
+    whole = max((p.numel for p in params), default=0)
+    return {"memory_bytes": fixed + per_unit_element * unit + WHOLE_WEIGHTS_BYTES_PER_ELEMENT * whole,
+            "memory_driver": f"units of up to {unit:,} elements, about {per_unit_element} bytes each over the case's"
+                             f" paths, and {whole:,} weights drawn whole"}
+
+
 def _generator(seed: int, param: ParamSlice, step: int, first_row: int) -> torch.Generator:
     key = f"grad|{seed}|{param.name}|tp{param.tp}/{param.tp_rank}|{param.scale}|step{step}|row{first_row}"
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))

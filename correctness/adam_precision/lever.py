@@ -51,7 +51,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from correctness import tiers
-from correctness.adam.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks
+from correctness.adam.inputs import (
+    DEFAULT_PRECLIP_NORMS, OptimizerUnit, gradient_scales, raw_gradient, row_blocks, streamed_memory,
+)
 from correctness.adam.offload_setting import OffloadSetting, offload_setting
 from correctness.adam.reference import Fp64AdamW
 from correctness.adam.share_summary import share_summary
@@ -92,6 +94,20 @@ DESCRIPTION = (
 )
 DTYPE_FLAGS = (("master", "--main-params-dtype", MASTER_FORMATS), ("exp_avg", "--exp-avg-dtype", MOMENT_FORMATS),
                ("exp_avg_sq", "--exp-avg-sq-dtype", MOMENT_FORMATS))
+# A case's peak memory above the process's (Case.memory_bytes), estimated from the GPU share before
+# anything is drawn, so that a case over the machine's memory is refused when the lever is built.
+# Kept (below the recipe's scale): 200 bytes per GPU-share parameter and 100 MB; measured peak
+# (VmHWM) against it: Gemma at the smoke scale 0.12 GB (estimate 0.19, 1.5 x), at 1/8 and 1/4 of the
+# recipe's dimensions 0.30 and 1.36 GB (0.45 and 1.48); Nemotron at the smoke scale 0.16 GB (0.27,
+# 1.7 x). Streamed (each case its own units, one at a time): 1,100 bytes per element of the largest
+# unit (eight paths over five steps, FP64 references and floor included), measured Gemma 0.20, 0.79,
+# 1.60 and 1.59 GB at 1/16, 1/8, 1/4 and 1/2 (estimates 0.29, 0.86, 2.42 and 2.45), Nemotron 0.10
+# and 1.01 GB at 1/16 and 1/4 (0.25, 2.41); at the recipe's scale 2.58 GB (Gemma) and 2.54 (Nemotron).
+# The fixed part: 150 MB, the allocator's arenas and the threads' scratch a case leaves behind, which
+# varied by 80 MB between runs of Gemma's smoke case (0.10 to 0.18 GB measured after a first case).
+STREAMED_BYTES_PER_UNIT_ELEMENT = 1100
+KEPT_BYTES_PER_PARAMETER = 200
+FIXED_BYTES = 150_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +309,18 @@ def _bias_correction_unseen(case: Case) -> str | None:
             " against it as measured); the moments-zeroed control keeps its power here")
 
 
+def case_memory(setting: OffloadSetting, keep_units: bool) -> dict[str, Any]:
+    """Case.memory_bytes and memory_driver: the GPU share's units and FP64 references kept for every
+    case (`keep_units`), else one unit's streamed at a time."""
+    on_gpu = [p for p in setting.slices if setting.shares[p.name] == GPU]
+    if not keep_units:
+        return streamed_memory(on_gpu, per_unit_element=STREAMED_BYTES_PER_UNIT_ELEMENT, fixed=FIXED_BYTES)
+    parameters = sum(p.numel for p in on_gpu)
+    return {"memory_bytes": FIXED_BYTES + KEPT_BYTES_PER_PARAMETER * parameters,
+            "memory_driver": f"the GPU share's {parameters:,} parameters' units and FP64 references kept for every"
+                             f" case, about {KEPT_BYTES_PER_PARAMETER} bytes each"}
+
+
 def precision_lever(
     setting: OffloadSetting, *, tier: Tier, path: Callable[..., Implementation], keep_units: bool,
     options: LeverOptions,
@@ -303,12 +331,14 @@ def precision_lever(
     combinations = case_dtypes(requested)
     units = _UnitsOnce(setting, keep=keep_units, uses=len(combinations))
     shared = (lambda path: SharedAcrossCases(path, len(combinations))) if keep_units else OnUnit
+    memory = case_memory(setting, keep_units)
     cases = []
     for dtypes in combinations:
         shape = case_shape(setting, dtypes, requested)
         cases.append(Case(
             id=f"{shape.id}-synthetic-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="synthetic",
             variant="synthetic-weights", make_inputs=lambda device, dtypes=dtypes: _case_inputs(units, dtypes),
+            **memory,
         ))
     family = path.family
     gpu_names = {name: GPU for name, share in setting.shares.items() if share == GPU}
@@ -338,9 +368,12 @@ def precision_lever(
 
 def cpu_tier(recipe_id: str, options: LeverOptions, scale: ParamScale | None = None) -> list[Lever]:
     """On the CPU (smoke scale, or the recipe's with --scale recipe): TE FusedAdam's storage emulated
-    (EmulatedFusedAdam)."""
+    (EmulatedFusedAdam). The units and FP64 references are kept for the five cases below the recipe's
+    scale only: there Gemma's GPU share (110M parameters) would hold about 22 GB at once, where
+    streaming each case's own holds one unit."""
     setting = gpu_share_setting(recipe_id, scale or options.at_scale(SMOKE, RECIPE), options)
-    return [precision_lever(setting, tier=tiers.CPU, path=EmulatedFusedAdam, keep_units=True, options=options)]
+    return [precision_lever(setting, tier=tiers.CPU, path=EmulatedFusedAdam, keep_units=setting.scale != RECIPE,
+                            options=options)]
 
 
 def recipe_gpu_tier(recipe_id: str, options: LeverOptions) -> list[Lever]:

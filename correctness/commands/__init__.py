@@ -4,7 +4,9 @@ Each is a thin face over the library: it parses, calls, and prints a table (or J
 Exit status: 0 success (or a passing verdict), 1 a failing verdict, 2 bad input or usage.
 
 The pieces every command shares (exit statuses, `emit`, argument types) live here; the command
-line (correctness.cli) imports the commands, and the commands import nothing from it.
+line (correctness.cli) imports the command it runs, and the commands import nothing from it. A
+command's module imports at its top only what its arguments need: `correctness --help` and `check
+--help` answer without torch; the libraries come in as the command runs.
 """
 
 import argparse
@@ -13,8 +15,6 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-from correctness.report import TABLE_WIDTH, fit_lines
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: the shell's status for a process SIGPIPE ended
@@ -37,13 +37,18 @@ def drop_stdout() -> None:
 
 def table_width(args: argparse.Namespace, indent: int = 2) -> int | None:
     """The width a command's table is cut to (None with --wide: every cell whole)."""
+    from correctness.report import TABLE_WIDTH  # imported as it prints: building the parser imports no torch
+
     return None if getattr(args, "wide", False) else TABLE_WIDTH - indent
 
 
 def emit(args: argparse.Namespace, lines: Sequence[str], data: Any, wrap: bool = True) -> None:
     """Print the human form, its lines wrapped at LINE_WIDTH (not with --wide, nor where `wrap` is
-    false: lines of paths), or with --json the machine-readable one. A reader that has gone away
-    (`| head`) is no error: the command's work is done, and its exit status stands."""
+    false: lines of paths, data such as YAML: prose is wrapped, never data), or with --json the
+    machine-readable one. A reader that has gone away (`| head`) is no error: the command's work is
+    done, and its exit status stands."""
+    from correctness.report import fit_lines
+
     if getattr(args, "json", False):
         text = json.dumps(data, indent=1, allow_nan=False, default=str)
     else:
@@ -52,7 +57,6 @@ def emit(args: argparse.Namespace, lines: Sequence[str], data: Any, wrap: bool =
         print(text, flush=True)
     except BrokenPipeError:
         drop_stdout()
-
 
 
 def non_negative_int(text: str) -> int:

@@ -12,9 +12,7 @@ the convergence block. Exit status: 0 everything passes; 1 something fails or is
 whose model has no model facts included (no verdict without them: see correctness.check.check_recipe).
 """
 
-from correctness.check import PASS, check_recipe
 from correctness.commands import EXIT_FAIL, EXIT_OK, emit, table_width
-from correctness.report import format_table
 
 
 def add_arguments(parser) -> None:
@@ -26,6 +24,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from correctness.check import PASS, check_recipe
+    from correctness.report import format_table
+
     result = check_recipe(args.recipe, args.reference, args.model_config)
     claimed = f" (the recipe says {result.claimed})" if result.claimed and result.claimed != result.verdict else ""
     lines = [f"check {result.recipe}: {result.verdict.upper()}{claimed}"]

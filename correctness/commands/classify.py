@@ -23,29 +23,16 @@ recipe, no run script, no correctness block where a lever result is needed, a --
 missing).
 """
 
-import argparse
+from __future__ import annotations
 
-from correctness.classify import (
-    COVERED,
-    ERROR,
-    FAILED,
-    MISSING,
-    OK,
-    REVIEW,
-    UNKNOWN,
-    Change,
-    Classification,
-    load_rules,
-)
+import argparse
+from typing import TYPE_CHECKING
+
 from correctness.commands import EXIT_FAIL, EXIT_OK, emit, table_width
 from correctness.files import shown_path
-from correctness.recipe_verdict import recipe_changes
-from correctness.recipes import load_recipe
-from correctness.report import format_table
-from correctness.entries import format_limited_sentence
-from correctness.results import FAIL, FORMAT_LIMITED
 
-RESULT_CELLS = {OK: "-", ERROR: "ERROR", REVIEW: "REVIEW", COVERED: "convergence"}  # rows without a lever
+if TYPE_CHECKING:  # the library is imported as the command runs: `classify --help` imports no torch
+    from correctness.classify import Change, Classification
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,10 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _row(change: Change) -> list[str]:
+    from correctness.classify import COVERED, ERROR, OK, REVIEW
+
     if change.levers:
         result = ", ".join(change.result_of(lever) or "no result" for lever in change.levers)
-    else:
-        result = RESULT_CELLS[change.outcome]
+    else:  # a row without a lever
+        result = {OK: "-", ERROR: "ERROR", REVIEW: "REVIEW", COVERED: "convergence"}[change.outcome]
     reason = "; ".join([change.reason, *change.notes])
     return [
         change.flag,
@@ -73,6 +62,10 @@ def _row(change: Change) -> list[str]:
 
 def _need(change: Change) -> str:
     """What a change still asks for before the configuration passes ("" for nothing)."""
+    from correctness.classify import COVERED, ERROR, FAILED, MISSING, REVIEW, UNKNOWN
+    from correctness.entries import format_limited_sentence
+    from correctness.results import FAIL, FORMAT_LIMITED
+
     if change.outcome == ERROR:
         return "must match the reference (a configuration error)"
     if change.outcome == FAILED:
@@ -96,6 +89,8 @@ def _need(change: Change) -> str:
 
 def report_lines(classification: Classification, width: int | None = None) -> list[str]:
     """The classification as a table (its last column cut to `width`) and what each change still needs."""
+    from correctness.report import format_table
+
     counts = ", ".join(f"{count} {klass}" for klass, count in classification.counts.items() if count)
     lines = [
         f"classify {classification.recipe}: configuration {classification.verdict.upper()}",
@@ -109,6 +104,10 @@ def report_lines(classification: Classification, width: int | None = None) -> li
 
 
 def run(args: argparse.Namespace) -> int:
+    from correctness.classify import load_rules
+    from correctness.recipe_verdict import recipe_changes
+    from correctness.recipes import load_recipe
+
     rules = load_rules(args.rules)
     candidate = load_recipe(args.candidate)
     classification = recipe_changes(candidate, args.reference, rules)

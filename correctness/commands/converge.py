@@ -29,6 +29,8 @@ no losses, a non-numeric loss, curves of different lengths), with a one-line mes
 """
 
 import argparse
+import io
+from collections.abc import Sequence
 from pathlib import Path
 
 from correctness.attach import attach_convergence
@@ -42,7 +44,7 @@ from correctness.convergence import (
     read_curve,
 )
 from correctness.convergence.picture import convergence_picture
-from correctness.errors import CorrectnessError
+from correctness.files import output_target, write_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,11 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = check_convergence(read_curve(args.candidate), read_curve(args.reference), THRESHOLDS[args.thresholds])
+    candidate = read_curve(args.candidate, f"candidate curve {args.candidate}")
+    reference = read_curve(args.reference, f"reference curve {args.reference}")
+    result = check_convergence(candidate, reference, THRESHOLDS[args.thresholds])
     lines = format_report(result)
     data = result.to_dict()
     if args.plot:
-        write_plot(result, args.plot)
+        write_plot(result, args.plot, [args.candidate, args.reference, *([args.attach] if args.attach else [])])
         lines.append(f"plot: {args.plot}")
         data["plot"] = str(args.plot)
     if args.attach:
@@ -76,10 +80,13 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.passed else EXIT_FAIL
 
 
-def write_plot(result: ConvergenceResult, path: str | Path) -> None:
+def write_plot(result: ConvergenceResult, path: str | Path, inputs: Sequence[str | Path] = ()) -> None:
     """PNG: both curves (skipped steps shaded, point-wise failures marked) above their difference
-    (the point-wise tolerance band and the fitted drift), as correctness.convergence.picture says.
-    matplotlib is imported only here, Agg only."""
+    (the point-wise tolerance band and the fitted drift), as correctness.convergence.picture says;
+    drawn in memory, then written as a command's output (correctness.files.write_output: never over
+    one of `inputs`, a read-only file, a device). matplotlib is imported only here, Agg only."""
+    label = f"plot {path}"
+    output_target(path, label, inputs)  # before the drawing: a refusal costs nothing
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -115,7 +122,6 @@ def write_plot(result: ConvergenceResult, path: str | Path) -> None:
     bottom.set_xlabel("step")
     bottom.set_ylabel("difference")
     bottom.legend(fontsize=8)
-    try:
-        figure.savefig(path, format="png", dpi=110)
-    except OSError as error:
-        raise CorrectnessError(f"{path}: cannot write the plot ({error.strerror or error})") from None
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=110)
+    write_output(path, png.getvalue(), label, inputs)

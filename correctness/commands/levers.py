@@ -26,28 +26,18 @@ null or {"folder", "gpu_records", "cpu_records", "contradictions": [one line eac
 {"device", "date", "tier", "recipe", "verdict", "record"}}.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from correctness.classify import load_rules
 from correctness.commands import EXIT_FAIL, EXIT_OK, emit
-from correctness.evidence import (
-    MEANINGS,
-    GpuRun,
-    Results,
-    Standing,
-    class_counts,
-    contradiction,
-    gpu_run_for,
-    read_results,
-    strongest,
-)
-from correctness.lever_spec import RECIPE_GPU
-from correctness.registry import KNOWN_LEVERS
-from correctness.report import format_table
-from correctness.tiers import GPU_MARKERS
+
+if TYPE_CHECKING:  # the library is imported as the command runs: `levers --help` imports no torch
+    from correctness.evidence import GpuRun, Results, Standing
 
 WIDTH = 160  # the longest line the text form prints
 
@@ -60,6 +50,9 @@ def add_arguments(parser) -> None:
 
 def standing(name: str, argument: str | None, gpu_runs: Sequence[GpuRun]) -> Standing:
     """Lever `name`'s evidence for `argument` (None: the lever's own), upgraded by one of the GPU runs."""
+    from correctness.evidence import Standing, gpu_run_for
+    from correctness.registry import KNOWN_LEVERS
+
     lever = KNOWN_LEVERS[name]
     declared = lever.argument_evidence.get(argument, lever.evidence)
     return Standing(lever=name, declared=declared, gpu_run=gpu_run_for(declared, name, lever.version, gpu_runs))
@@ -81,6 +74,12 @@ def standing_json(entry: Standing) -> dict:
 
 
 def coverage(results: Results | None = None) -> dict:
+    from correctness.classify import load_rules
+    from correctness.evidence import MEANINGS, class_counts, contradiction, strongest
+    from correctness.lever_spec import RECIPE_GPU
+    from correctness.registry import KNOWN_LEVERS
+    from correctness.tiers import GPU_MARKERS
+
     rules = load_rules()
     gpu_runs = results.gpu if results is not None else ()
     numerics = {flag: rule for flag, rule in rules.arguments.items() if rule.klass == "numerics"}
@@ -122,6 +121,8 @@ def coverage(results: Results | None = None) -> dict:
 
 def wrapped_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int = WIDTH) -> list[str]:
     """format_table with the last column wrapped so that no line is longer than `width`."""
+    from correctness.report import format_table
+
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     room = max(width - sum(widths) - 2 * len(widths), 20)
     lines = []
@@ -181,6 +182,8 @@ def text_lines(data: dict) -> list[str]:
 
 
 def run(args) -> int:
+    from correctness.evidence import read_results
+
     results = read_results(args.results) if args.results is not None else None
     data = coverage(results)
     emit(args, text_lines(data), data)

@@ -6,7 +6,9 @@ CONFIG is a config.json or a folder holding one; the model's name is that folder
 recipe's `model:` must match. The facts come from the config's own fields and from its
 architecture family's entry in correctness/families.yaml (correctness/model_config.py); they are
 what fixtures/models/<name>.yaml holds for the seed models. Without --output they are printed;
-with it they are written atomically (an existing file is replaced only once the facts were made).
+with it they are written atomically (an existing file is replaced only once the facts were made;
+never the config itself, a read-only file, a device or a folder: correctness.files.output_target).
+Printed, they are the YAML the file would hold, every line whole, however long.
 `--model-config` (pytest and `correctness run`) takes the config itself or the file written here.
 
 Exit status: 0 written; 2 a config the facts cannot be made from (a missing or contradictory
@@ -17,10 +19,6 @@ naming it), nothing written.
 from pathlib import Path
 
 from correctness.commands import EXIT_OK, emit
-from correctness.errors import RecipeError
-from correctness.files import replace_file
-from correctness.model_config import facts_from_config, facts_text
-from correctness.models import check_facts
 
 
 def add_arguments(parser) -> None:
@@ -29,14 +27,19 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from correctness.errors import RecipeError
+    from correctness.files import write_output
+    from correctness.model_config import config_file, facts_from_config, facts_text
+    from correctness.models import check_facts
+
     facts = facts_from_config(args.config)
     check_facts(facts, f"model facts of {args.config}")
     text = facts_text(facts)
     if args.output:
         path = Path(args.output)
-        replace_file(path, text.encode("utf-8"), f"model facts {path}", RecipeError)
+        write_output(path, text.encode("utf-8"), f"model facts {path}", [config_file(args.config)], RecipeError)
         emit(args, [f"model facts for {facts['name']} ({facts['family']}) written to {path}"],
              {"model": facts["name"], "family": facts["family"], "output": str(path), "facts": facts})
     else:
-        emit(args, [text.rstrip("\n")], facts)
+        emit(args, text.rstrip("\n").splitlines(), facts, wrap=False)  # YAML, whole: wrapped it would not parse
     return EXIT_OK

@@ -18,8 +18,12 @@ for sliced tensors a heatmap over heads x position blocks, for the optimizer lev
 parameter tensor by layer and share, and its cases; each figure links to its record field (a JSON
 pointer). What each figure shows: docs/report.md.
 
+A report is written only as a new file or over a regular file it may replace: never over one of
+its records or curves (`report rec.json -o rec.json`), a read-only file, a device, a FIFO, a folder
+or through a symlink out of its folder (correctness.files.output_target).
+
 Exit status: 0 the reports were written; 2 bad input (a missing path, a file that is not a record,
-two recipes with -o), with one line naming it, and no report written.
+two recipes with -o, an output it may not replace), with one line naming it, and no report written.
 """
 
 import argparse
@@ -28,7 +32,7 @@ from correctness.commands import EXIT_OK, emit
 from correctness.convergence import THRESHOLDS
 from correctness.errors import CorrectnessError
 from correctness.files import shown_path
-from correctness.report_page import load_records, render_reports, write_report
+from correctness.report_page import load_records, render_reports, report_inputs, write_reports
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +53,11 @@ def run(args: argparse.Namespace) -> int:
     if args.curves and len(recipes) > 1 and args.output is None:
         raise CorrectnessError(f"--curves is for one recipe's report; the records are of {len(recipes)} recipes")
     reports = render_reports(records, args.output, tuple(args.curves) if args.curves else None, args.thresholds)
-    written = [(report, write_report(report)) for report in reports]
+    write_reports(reports, report_inputs(records, [*args.paths, *(args.curves or ())]))
     # The recipe's id is in its records folder's name: the line names the path alone, as `run --report` does.
     lines = [f"report: {shown_path(report.path)} ({len(report.html.encode()):,} bytes, {report.records} records)"
-             for report, _ in written]
+             for report in reports]
     data = {"reports": [{"recipe": report.recipe, "path": str(report.path), "bytes": len(report.html.encode()),
-                         "records": report.records} for report, _ in written]}
+                         "records": report.records} for report in reports]}
     emit(args, lines, data, wrap=False)  # a path whole on its line, however long
     return EXIT_OK

@@ -86,7 +86,7 @@ from correctness.emulated_gpu.gpus import OPTION as EMULATE_OPTION
 from correctness.emulated_gpu.gpus import emulated_option
 from correctness.errors import CorrectnessError, RecipeError
 from correctness.lever import SCALES
-from correctness.files import shown_path
+from correctness.files import output_target, shown_path
 from correctness.fixtures import COMPONENT_TESTS_DIR, checkout_root
 from correctness.model_arguments import ModelArgumentError
 from correctness.models import facts_for, load_facts
@@ -317,6 +317,11 @@ def _judge(args) -> int:
     classification = recipe_changes(recipe, args.reference)
     needed = list(needed_levers(classification))
     results = writable_folder(Path(args.results_dir) if args.results_dir else default_results())
+    if args.report:  # a report.html it may not replace is refused before the tests, not after them
+        from correctness.report_page import REPORT_NAME
+
+        report_path = records_folder({"id": recipe.ref.id, "path": recipe.ref.path}, results) / REPORT_NAME
+        output_target(report_path, f"report {report_path}", [args.recipe])
     selection = markers(recipe, args.tier, emulated is not None)
     report = {"recipe": recipe.id, "recipe_file": str(args.recipe), "tier": args.tier, "markers": selection,
               "levers": "all" if args.all_levers else needed, "results_dir": str(results), "pytest": None,
@@ -370,14 +375,15 @@ def _judge(args) -> int:
 def _write_report(args, recipe: Recipe, results: Path, written: list[tuple[dict, Path]]) -> str | None:
     """The report of the records the run wrote, in the recipe's records folder; its path, printed
     (in --json's object instead). None where the run wrote no record."""
-    from correctness.report_page import REPORT_NAME, load_records, render_reports, write_report
+    from correctness.report_page import REPORT_NAME, load_records, render_reports, report_inputs, write_reports
 
     if not written:
         print(f"correctness run: no record was written, so no report for {recipe.id}", file=sys.stderr)
         return None
     target = records_folder(written[0][0]["recipe"], results) / REPORT_NAME
-    (rendered,) = render_reports(load_records([path for _, path in written]), target)
-    write_report(rendered)
+    records = load_records([path for _, path in written])
+    (rendered,) = render_reports(records, target)
+    write_reports([rendered], report_inputs(records, [args.recipe]))
     if not args.json:
         print(f"report: {shown_path(rendered.path)}", flush=True)
     return str(rendered.path)

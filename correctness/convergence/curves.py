@@ -176,11 +176,12 @@ def _sniff(text: str) -> str | None:
     return None
 
 
-def read_curve(path: str | Path) -> Curve:
-    """Read a loss curve; the format from the extension (.log/.txt/.out/.err, .csv, .json), else the content."""
+def read_curve(path: str | Path, label: str | None = None) -> Curve:
+    """Read a loss curve; the format from the extension (.log/.txt/.out/.err, .csv, .json), else the
+    content. `label` names the file where it cannot be read (default: its path: "candidate PATH")."""
     path = Path(path)
     source = str(path)
-    text = read_input(path, source).decode("utf-8-sig", errors="replace")  # a byte order mark is not a character
+    text = read_input(path, label or source).decode("utf-8-sig", errors="replace")  # a byte order mark is no character
     suffix = path.suffix.lower()
     fmt = {".csv": "csv", ".json": "json"}.get(suffix) or ("log" if suffix in _LOG_SUFFIXES else None)
     if fmt is None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from correctness import tiers
-from correctness.adam.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units
+from correctness.adam.inputs import DEFAULT_PRECLIP_NORMS, OptimizerUnit, optimizer_units, streamed_memory
 from correctness.adam.offload_setting import EMBEDDING_ROWS, TP_RANK, OffloadSetting, offload_setting
 from correctness.adam.reference import Fp64AdamW
 from correctness.adam.share_summary import share_summary
@@ -118,7 +118,8 @@ def offload_cases(setting: OffloadSetting, options: LeverOptions, whole: bool) -
         return WholeInventory(units=tuple(units)) if whole else Streamed(units=units)
 
     checkpoint = options.model_checkpoint
-    held = whole_inventory_memory(shape) if whole else {}
+    held = whole_inventory_memory(shape) if whole else streamed_memory(
+        setting.slices, per_unit_element=STREAMED_BYTES_PER_UNIT_ELEMENT, fixed=STREAMED_FIXED_BYTES)
     return (
         Case(
             id=f"{shape.id}-synthetic-seed{SYNTHETIC_SEED}", shape=shape, seed=SYNTHETIC_SEED, source="synthetic",
@@ -142,8 +143,17 @@ def offload_cases(setting: OffloadSetting, options: LeverOptions, whole: bool) -
 # outputs beside the FP64 reference's. Measured on the megatron-cpu cases at 1/8 and 1/4 of the
 # recipe's dimensions, peak against peak: Gemma 156 bytes per parameter more (8.7M and 34.8M
 # parameters, 2.74 and 6.52 GB), Nemotron 200 (7.2M and 28.2M, 1.76 and 5.66 GB); the larger is
-# taken. A streamed case holds one unit at a time and needs no estimate.
+# taken.
 WHOLE_INVENTORY_BYTES_PER_PARAMETER = 200
+# A streamed case holds one unit at a time (correctness.adam.inputs.streamed_memory): 700 bytes per
+# element of the largest unit over its nine paths, the two FP64 references' outputs and the
+# comparisons, and 100 MB besides. Measured peak above the process's own (VmHWM), against this
+# estimate: Gemma at the smoke scale 0.25 GB (estimate 0.42, 1.7 x), at 1/8, 1/4 and 1/2 of the
+# recipe's dimensions 0.82, 1.32 and 1.21 GB, at the recipe's 1.25 GB (556M parameters; 2.03 GB,
+# 1.6 x); Nemotron at the smoke scale 0.17 GB (0.19, 1.15 x), at 1/4 and 1/2 0.59 and 1.46 GB, at the
+# recipe's 1.57 GB (444M parameters, 147 tensors; 1.70 GB, 1.08 x).
+STREAMED_BYTES_PER_UNIT_ELEMENT = 700
+STREAMED_FIXED_BYTES = 100_000_000
 
 
 def whole_inventory_memory(shape: OffloadShape) -> dict[str, Any]:

@@ -9,11 +9,11 @@
 - bars.py, svg.py, markup.py: the chart, SVG and HTML pieces; page.py: the document.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from correctness.files import replace_file
+from correctness.files import output_target, write_output
 from correctness.report_page.page import report_html
 from correctness.report_page.records import LoadedRecord, by_recipe, load_records, one_recipe
 
@@ -41,9 +41,24 @@ def render_reports(records: Sequence[LoadedRecord], output: str | Path | None = 
     return reports
 
 
-def write_report(report: Report) -> Path:
-    """Write a report atomically (a reader sees the old file or the new one, whole)."""
-    return replace_file(report.path, report.html.encode("utf-8"), f"report {report.path}")
+def report_inputs(records: Sequence[LoadedRecord], given: Iterable[str | Path] = ()) -> list[Path]:
+    """What a report is made from and must never be written over: its records' files and the
+    paths given (folders, curves)."""
+    return [*(loaded.path for loaded in records), *map(Path, given)]
 
 
-__all__ = ["REPORT_NAME", "Report", "load_records", "render_reports", "write_report"]
+def write_reports(reports: Sequence[Report], inputs: Iterable[str | Path]) -> list[Path]:
+    """Write the reports atomically (a reader sees the old file or the new one, whole), once every
+    target was found one a report may replace (correctness.files.output_target: never one of
+    `inputs`, a read-only file, a device, ...): a refusal leaves every file as it was."""
+    inputs = list(inputs)
+    for report in reports:
+        output_target(report.path, _label(report), inputs)
+    return [write_output(report.path, report.html.encode("utf-8"), _label(report), inputs) for report in reports]
+
+
+def _label(report: Report) -> str:
+    return f"report {report.path}"
+
+
+__all__ = ["REPORT_NAME", "Report", "load_records", "render_reports", "report_inputs", "write_reports"]

@@ -110,7 +110,8 @@ def _file_link(path: Path, report: Path, role: str) -> str:
 
 def convergence_figure(candidate: str | Path, reference: str | Path, report: Path, thresholds: str = "pipeline") -> str:
     """The figure of the check of `candidate` against `reference`, linking both files from `report`."""
-    result = check_convergence(read_curve(candidate), read_curve(reference), THRESHOLDS[thresholds])
+    result = check_convergence(read_curve(candidate, f"candidate curve {candidate}"),
+                               read_curve(reference, f"reference curve {reference}"), THRESHOLDS[thresholds])
     picture = convergence_picture(result)
     svg = Svg(WIDTH, DIFFERENCE[1] + 30, "loss curves and their point-wise difference")
     if len(picture.steps):

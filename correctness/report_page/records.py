@@ -1,6 +1,7 @@
-"""The records a report is made of: lever record files, or results folders searched for them, read
-with correctness.results.read_record (which refuses a file of another format or version) and
-grouped by recipe."""
+"""The records a report is made of: lever record files, or results folders searched for them, each
+held to its recipe as `attach` holds it (correctness.trust: a record that contradicts itself, is
+not what this suite runs for its recipe, or lies in another recipe's records folder is refused; an
+emulated GPU's is read, and shown as such), and grouped by recipe."""
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -8,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from correctness.errors import CorrectnessError
-from correctness.results import LeverRecord, read_record, record_from_json
+from correctness.results import LeverRecord
+from correctness.trust import trusted_record
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,12 @@ def record_files(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def load_records(paths: Sequence[str | Path]) -> list[LoadedRecord]:
-    """Every record the paths name, read and typed; a file that is not a readable record of this
-    suite's format is refused in one line naming it."""
+    """Every record the paths name, read, held to its recipe and typed; a file that is not a record
+    of this suite's format, or no evidence for its recipe, is refused in one line naming it."""
     loaded = []
     for path in record_files(paths):
-        data = read_record(path)
-        loaded.append(LoadedRecord(path=path, data=data, record=record_from_json(data)))
+        trusted = trusted_record(path, emulated=True)
+        loaded.append(LoadedRecord(path=path, data=trusted.data, record=trusted.record))
     return loaded
 
 
