@@ -4,6 +4,7 @@ kind. It is generated from the specs (`python -m correctness.registry`) into
 correctness/rules/levers.yaml, and tests/test_catalogue.py holds it equal to them."""
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -11,7 +12,13 @@ from pathlib import Path
 import yaml
 
 from correctness.errors import CorrectnessError
-from correctness.lever_spec import DEFAULT_READS, LeverSpec
+
+if TYPE_CHECKING:  # the specs import torch; reading the catalogue must not (correctness levers, classify)
+    from correctness.lever_spec import LeverSpec
+
+# What a lever of another project reads, as far as this suite can tell: the model, the GPU and the TP
+# size its shapes are usually split by.
+DEFAULT_READS = ("model", "gpu.type", "layout.tp")
 
 CATALOGUE = Path(__file__).resolve().parent / "rules" / "levers.yaml"
 HEADER = ("# Generated from the levers' specs by `python -m correctness.registry`: do not edit; edit the spec\n"
@@ -28,12 +35,12 @@ class CataloguedLever:
     wording: str | None  # the correctness.wording module with its entry_text, or None: the generic wording
 
 
-def catalogue_entry(spec: LeverSpec) -> dict:
+def catalogue_entry(spec: "LeverSpec") -> dict:
     return {"version": spec.version, "description": spec.description, "titles": list(spec.titles),
             "reads": list(spec.reads), "wording": spec.entry_text.__module__ if spec.entry_text else None}
 
 
-def catalogue_text(specs: Iterable[LeverSpec]) -> str:
+def catalogue_text(specs: Iterable["LeverSpec"]) -> str:
     data = {"levers": {spec.name: catalogue_entry(spec) for spec in specs}}
     return HEADER + yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True)
 

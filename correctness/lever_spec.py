@@ -12,15 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from correctness.catalogue import DEFAULT_READS
 from correctness.evidence import Evidence
 from correctness.lever import Lever, LeverOptions
 from correctness.recipe_sets import SEEDS
 
 RECIPE_GPU = "recipe-gpu"  # a tier: the recipe's own GPU's (h100, h200: correctness.tiers)
 
-# What a lever of another project reads, as far as this suite can tell: the model, the GPU and the TP
-# size its shapes are usually split by.
-DEFAULT_READS = ("model", "gpu.type", "layout.tp")
 # The recipe's fields a lever's case shapes come from: one row of tokens, rows per microbatch (and
 # whether dynamic batching packs them), and the training precision.
 SHAPE_READS = (*DEFAULT_READS, "layout.rows_per_microbatch", "--use-dynamic-batch-size", "workload.precision",
