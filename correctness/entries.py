@@ -10,8 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from correctness.compare import TensorComparison
-from correctness.provenance import gpu_type
+from correctness.comparisons import TensorComparison
 from correctness.results import FAIL, FORMAT_LIMITED, SKIP, CaseResult, LeverRecord, over_bound
 from correctness.tiers import StandIn
 
@@ -197,6 +196,8 @@ def gpu_label(record: LeverRecord) -> str:
     stand_in = stand_in_of(record)
     if stand_in is not None:
         return stand_in.label()
+    from correctness.provenance import gpu_type  # imports torch: only where a record's GPU is worded
+
     return gpu_type(device.get("name")) or device.get("name") or "unknown GPU"
 
 

@@ -21,6 +21,7 @@ from correctness.compare import Slicing
 from correctness.errors import OverMemory
 from correctness.results import CaseResult, RecipeRef
 from correctness.rule import DEFAULT_RULE, Rule
+from correctness.tiers import NotApplicable, Tier  # noqa: F401 (declared there, without torch; used here)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,12 +172,6 @@ class Case:
             raise ValueError(f"case {self.id}: recipe_runs must be one of {', '.join(RECIPE_SIDES)}, not {self.recipe_runs!r}")
 
 
-class NotApplicable(ValueError):
-    """Raised by a lever factory whose lever does not apply to the recipe (an optimizer-offload
-    lever for a recipe that does not offload); its message says why. The pytest plugin skips the
-    test with it."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class LeverOptions:
     """What a user chooses at run time, handed to lever factories: the folder of captured
@@ -229,23 +224,6 @@ def declaration_only() -> Iterator[None]:
         yield
     finally:
         _DECLARATION_ONLY.reset(token)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Tier:
-    """Where a lever runs and what it needs. `name` is recorded with the lever and names its record
-    ("cpu", "gpu", "megatron-cpu", "megatron", or a recipe GPU such as "h100"); `device` is the
-    torch device its cases run on ("cpu" or "cuda"); `markers` are the pytest markers the plugin
-    puts on the lever's tests: they select it (`pytest -m h100`) and skip it where the machine lacks
-    what they name (correctness.pytest_plugin). The suite's tiers are declared in correctness.tiers."""
-
-    name: str
-    device: str
-    markers: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if not isinstance(self.markers, tuple) or not all(isinstance(marker, str) for marker in self.markers):
-            raise TypeError(f"tier {self.name}: markers must be a tuple of marker names, not {self.markers!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

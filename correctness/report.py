@@ -4,7 +4,7 @@ import math
 import textwrap
 from collections.abc import Iterable, Sequence
 
-from correctness.compare import TensorComparison
+from correctness.comparisons import TensorComparison
 from correctness.entries import format_limited_sentence, ratio_range
 from correctness.results import FORMAT_LIMITED, SKIP, CaseResult, LeverRecord, over_bound
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from correctness.compare import RunSpread, Systematic, TensorComparison
+from correctness.comparisons import RunSpread, Systematic, TensorComparison
 from correctness.errors import CorrectnessError
 from correctness.files import folder_parts, read_input, replace_file
 from correctness.fixtures import checkout_root

@@ -15,10 +15,31 @@ import argparse
 import os
 from dataclasses import dataclass
 
-import torch
-
 from correctness.errors import CorrectnessError
-from correctness.lever import NotApplicable, Tier
+
+
+class NotApplicable(ValueError):
+    """Raised by a lever factory whose lever does not apply to the recipe (an optimizer-offload
+    lever for a recipe that does not offload); its message says why. The pytest plugin skips the
+    test with it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tier:
+    """Where a lever runs and what it needs. `name` is recorded with the lever and names its record
+    ("cpu", "gpu", "megatron-cpu", "megatron", or a recipe GPU such as "h100"); `device` is the
+    torch device its cases run on ("cpu" or "cuda"); `markers` are the pytest markers the plugin
+    puts on the lever's tests: they select it (`pytest -m h100`) and skip it where the machine lacks
+    what they name (correctness.pytest_plugin). The suite's tiers are declared below."""
+
+    name: str
+    device: str
+    markers: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.markers, tuple) or not all(isinstance(marker, str) for marker in self.markers):
+            raise TypeError(f"tier {self.name}: markers must be a tuple of marker names, not {self.markers!r}")
+
 
 GPU_MARKERS = {"h100": "H100", "h200": "H200"}  # marker -> the GPU type it needs (provenance.gpu_type)
 # Each GPU type's architecture (compute capability): a GPU may stand in for another of the same one.
@@ -128,6 +149,8 @@ def stand_in_option(text: str) -> StandIn:
 def no_visible_gpu() -> str | None:
     """Why torch sees no CUDA GPU here, in one line (torch's build, CUDA_VISIBLE_DEVICES); None
     where it sees one."""
+    import torch
+
     if torch.cuda.is_available():
         return None
     built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
