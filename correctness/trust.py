@@ -116,16 +116,16 @@ def attach_problems(record: LeverRecord) -> list[str]:
 
 
 def record_recipe(record: LeverRecord, path: Path) -> Recipe:
-    """The recipe a record names: the file at its recorded path, else the fixture recipe of its id;
-    refused in one line where neither is there."""
+    """The recipe a record names: the file at its recorded path, else the fixture recipe of its id
+    (a record made in another checkout); refused in one line where neither is there."""
     from correctness.fixtures import recipe_path
 
-    for candidate in (record.recipe.path, None):
-        where = Path(candidate) if candidate is not None else recipe_path(record.recipe.id)
+    places = [Path(record.recipe.path)] if record.recipe.path else []
+    for where in (*places, recipe_path(record.recipe.id)):
         if where.is_file():
             return load_recipe(where)
     raise CorrectnessError(f"result record {path}: its recipe {record.recipe.id} is not at {record.recipe.path}, to"
-                           " hold the record to (give the recipe)")
+                           " hold the record to (put the recipe back there)")
 
 
 def folder_problem(path: Path, record: LeverRecord) -> str | None:
