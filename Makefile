@@ -44,7 +44,9 @@ component-tests: install
 	exit $$status
 
 # The whole suite on every core (pytest-xdist, from the test extra; the workers share the cores'
-# torch threads and merge their lever records): on 2 cores about 30% faster than one process.
+# torch threads and merge their lever records): on 2 cores about 30% faster than one process. A
+# unit test over 10 s of CPU time on BF16 hardware without a stated reason fails
+# (tests/unit_time.py); benchmarks/suite_time.py says where the time goes.
 # Then every GPU tier on an emulated GPU (correctness/emulated_gpu, docs/emulated-gpu.md): their code
 # paths end to end before they meet a GPU, never evidence; a GPU tier that would skip for want of a
 # GPU fails instead.

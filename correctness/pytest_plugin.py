@@ -203,11 +203,16 @@ class _Stop(InterruptionWatch):
 def share_cpu_threads(workers: int) -> None:
     """pytest-xdist workers on one machine share its cores: each runs torch on cores / workers
     threads (at least one), where OMP_NUM_THREADS does not say otherwise. Without this every worker
-    would start a thread per core, and two workers on two cores would run four."""
+    would start a thread per core, and two workers on two cores would run four. OMP_NUM_THREADS is
+    set to the same share, so that a process a test starts (`correctness run` in a subprocess) keeps
+    to it too: two such processes of two threads each on two cores spend much of their time waiting
+    for each other's threads (OpenMP's threads spin while they wait)."""
     if "OMP_NUM_THREADS" in os.environ:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cores // max(1, workers)))
+    threads = max(1, cores // max(1, workers))
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 @pytest.hookimpl(optionalhook=True)

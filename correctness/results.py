@@ -6,6 +6,7 @@ records would misread.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -322,6 +323,14 @@ def emulated_sentence(gpu: str) -> str:
             " numbers, so it is no evidence")
 
 
+@functools.cache
+def _field_hints(kind: type) -> tuple[tuple[str, Any], ...]:
+    """A record dataclass's fields and their resolved types (resolving them is most of a large
+    record's reading time, and they never change)."""
+    hints = typing.get_type_hints(kind)
+    return tuple((field.name, hints[field.name]) for field in dataclasses.fields(kind))
+
+
 def _from_json(kind: Any, value: Any) -> Any:
     """A value of the record's JSON form as the type `kind` (a dataclass, tuple[X, ...], X | None,
     float, a Mapping or Any); a null figure becomes NaN (the record writes non-finite figures as
@@ -334,8 +343,7 @@ def _from_json(kind: Any, value: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         return _from_json(next(argument for argument in arguments if argument is not type(None)), value)
     if dataclasses.is_dataclass(kind):
-        hints = typing.get_type_hints(kind)
-        return kind(**{f.name: _from_json(hints[f.name], value[f.name]) for f in dataclasses.fields(kind)})
+        return kind(**{name: _from_json(hint, value[name]) for name, hint in _field_hints(kind)})
     if origin is tuple:
         item = arguments[0]
         return tuple(_from_json(item, element) for element in value)

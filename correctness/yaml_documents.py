@@ -13,6 +13,8 @@ UTF-8 byte order mark), and a changed one differs only where it was changed; wri
 go through a symlink to its target. ruamel.yaml is imported only when used.
 """
 
+import copy
+import functools
 import io
 import re
 from dataclasses import dataclass
@@ -125,11 +127,11 @@ def read_yaml_input(path: Path, label: str) -> bytes:
 
 def load_yaml(raw: bytes, label: str, error: type[CorrectnessError] = RecipeError) -> Any:
     """A user's YAML file as plain data, or `error` in one line naming `label` (see the module's
-    docstring for what is refused and why). Nothing is constructed before the checks pass."""
-    loader = _Loader(raw)
-    loader.expansion_limit = max(EXPANSION_FLOOR, EXPANSION_PER_BYTE * len(raw))
+    docstring for what is refused and why). Nothing is constructed before the checks pass. A file's
+    bytes are parsed once per process (a collection builds each lever from the same model facts,
+    about 200 reads): each caller gets its own copy of the data."""
     try:
-        return loader.get_single_data()
+        return copy.deepcopy(_parsed(raw))
     except Refused as refusal:
         raise error(f"{label}: {refusal}") from None
     except RecursionError:
@@ -139,6 +141,16 @@ def load_yaml(raw: bytes, label: str, error: type[CorrectnessError] = RecipeErro
     except yaml.YAMLError as failure:
         mark = getattr(failure, "problem_mark", None)
         raise error(f"{label}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(raw: bytes) -> Any:
+    """The data of a YAML file's bytes (cached: never handed out, only copies of it); raises what
+    the loader raises (a failure is not cached)."""
+    loader = _Loader(raw)
+    loader.expansion_limit = max(EXPANSION_FLOOR, EXPANSION_PER_BYTE * len(raw))
+    try:
+        return loader.get_single_data()
     finally:
         loader.dispose()
 

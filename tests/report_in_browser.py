@@ -10,15 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from correctness.fixtures import recipe_path
+
 ROOT = Path(__file__).resolve().parent.parent
 GEMMA = "gemma-4-31b/h100/attune-tp2-pp4-split13"
 NEMOTRON = "nemotron-3-super-120b-a12b/h200/attune-tp4-pp2-ep8-mt16k"
-# A few component tests of each seed, enough for a report with each kind of chart: (modules, -k), one
-# pytest process per seed (Gemma about 20 s on 2 cores, Nemotron about 15 s).
+# A few component tests of each seed, enough for a report with each kind of chart: the `-k` of one
+# `correctness run RECIPE --tier cpu --report` per seed (Gemma's attention backend on its seed-0 cases,
+# Nemotron's optimizer offload at both CPU tiers). The unit tests share one run of each per session
+# (tests/conftest.py: seed_reports).
 SEED_RUNS = {
-    GEMMA: (["component_tests/test_attention_backend.py"], "sdpa_flash_cpu_against_eager_unfused and seed0"),
-    NEMOTRON: (["component_tests/test_optimizer_offload.py", "component_tests/test_thd_packing.py"],
-               "offload_fraction_cpu and nemotron or thd_packing_cpu and seed0"),
+    GEMMA: "sdpa_flash_cpu_against_eager_unfused and seed0",
+    NEMOTRON: "offload_fraction_cpu or megatron_hybrid_optimizer_on_cpu",
 }
 
 WIDTH, HEIGHT = 1280, 1000
@@ -76,15 +79,17 @@ def gray_variance(png):
 
 
 def run_component_tests(recipe: str, results: Path) -> str | None:
-    """Runs `recipe`'s few component tests (SEED_RUNS) with their records in `results`; None where they
-    passed, else the end of pytest's output."""
-    modules, expression = SEED_RUNS[recipe]
-    finished = subprocess.run([sys.executable, "-m", "pytest", *modules, "-k", expression, "-q", "-p",
-                               "no:cacheprovider", "--results-dir", str(results)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if finished.returncode == 0:
+    """Runs `recipe`'s few component tests (SEED_RUNS) by `correctness run --report`, with their records
+    and the recipe's report.html in `results`; None where the run passed or was incomplete (its other
+    levers deselected), else the end of its output."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "correctness.cli", "run", str(recipe_path(recipe)), "--tier", "cpu", "--report",
+         "--results-dir", str(results), "--", "-k", SEED_RUNS[recipe], "-p", "no:cacheprovider"],
+        cwd=results.parent, capture_output=True, text=True, timeout=900)
+    if finished.returncode in (0, 1) and "report: " in finished.stdout:
         return None
-    return f"pytest {' '.join(modules)} -k {expression!r}: exit {finished.returncode}\n{finished.stdout[-4000:]}"
+    return (f"correctness run {recipe} -k {SEED_RUNS[recipe]!r}: exit {finished.returncode}\n"
+            f"{finished.stdout[-3000:]}{finished.stderr[-3000:]}")
 
 
 def records_folder(recipe: str, results: Path) -> Path | None:

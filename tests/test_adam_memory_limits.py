@@ -92,6 +92,7 @@ def test_pytest_at_the_recipe_scale_skips_both_levers_naming_the_memory():
     assert time.monotonic() - started < 240
 
 
+ARENA_VARIATION = 150_000_000  # bytes
 MEASURE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
@@ -125,4 +126,7 @@ def test_the_estimate_holds_the_measured_peak_at_the_smoke_scale(name):
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.splitlines()[-1])
     assert set(measured["results"]) <= {"pass", "format-limited"}, "the cases ran"
-    assert measured["peak"] <= measured["estimate"] <= 4 * measured["peak"], measured
+    # The bound on the estimate allows for the part of the peak no estimate can follow: the arenas the
+    # first case leaves, which vary by more than 100 MB between runs of the same case (Gemma's smoke
+    # precision-aware-adam case: 59 MB to 180 MB measured above them, with one estimate of 237 MB).
+    assert measured["peak"] <= measured["estimate"] <= 4 * measured["peak"] + ARENA_VARIATION, measured

@@ -68,6 +68,8 @@ def run_cli(*args, cwd):
                           timeout=600)
 
 
+@pytest.mark.slow(reason="correctness run end to end on one lever, and with --workers 2 two pytest-xdist workers that "
+                         "merge one record")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_run_writes_one_record_per_lever(tmp_path, workers):
     results = tmp_path / "results"
@@ -134,6 +136,7 @@ def test_run_selects_the_recipes_own_levers(tmp_path):
     assert all("nemotron" in str(path) for path in tmp_path.rglob("*.json"))
 
 
+@pytest.mark.slow(reason="the Nemotron seed's whole CPU tier run, attached and checked end to end")
 def test_a_seed_recipe_passes_on_the_cpu_and_check_agrees_with_run(tmp_path):
     """Nemotron is judged on what it changes against its reference: the CPU tier passes it, exit 0,
     and after attach `check` shows each lever's CPU evidence as `run` gave it, while it still asks
@@ -153,6 +156,7 @@ def test_a_seed_recipe_passes_on_the_cpu_and_check_agrees_with_run(tmp_path):
     assert check["verdict"] == "incomplete"
 
 
+@pytest.mark.slow(reason="the Gemma seed's offload lever run, attached and checked end to end")
 def test_check_keeps_gemmas_h100_verdict_beside_the_cpu_evidence_run_gave(tmp_path):
     """Gemma is judged on what it changes against its reference (the attention backend and the
     offload fraction, not the gradient-accumulation fusion its reference shares). Run on its offload
@@ -210,6 +214,7 @@ def test_check_and_classify_word_an_added_flag_alike(tmp_path, capsys):
     assert "--optimizer-cpu-offload               absent -> on" in capsys.readouterr().out
 
 
+@pytest.mark.slow(reason="correctness run on an emulated H100 end to end: TE's FusedAdam tier at the smoke shapes")
 def test_run_on_an_emulated_gpu_runs_the_gpu_tiers_and_leaves_the_recipe_incomplete(tmp_path):
     """`correctness run --emulate-gpu H100`: the recipe GPU's and any GPU's tiers run (here the offload
     lever's TE FusedAdam tier), their records are kept in .emulated/, and the recipe is not judged on

@@ -7,7 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from correctness.distributed import DistributedError, run_ranks
+import torch._inductor.config
+
+from correctness import distributed
+from correctness.distributed import DistributedError, rank_server_pid, run_ranks, stop_rank_server
 
 
 def all_reduce_rank(rank, world_size, base):
@@ -84,3 +87,28 @@ def test_large_tensors_come_back_whole():
     for _ in range(3):
         first, second = run_ranks(large_tensor, 2, 1 << 20)
         assert first.shape == (1 << 20,) and bool((first == 0).all()) and bool((second == 1).all())
+
+
+def compiler_state(rank, world_size):
+    import sys
+
+    import torch._inductor.config
+
+    return "correctness.compiler_warmup" in sys.modules, torch._inductor.config.compile_threads
+
+
+def test_ranks_that_compile_get_a_server_that_started_the_compiler(monkeypatch):
+    """A server without the compiler's start is replaced for ranks that compile (`compiles=True`);
+    that server then serves every rank, and its ranks compile in their own thread (no pool of
+    compile workers shared between ranks forked from one server)."""
+    monkeypatch.setattr(distributed, "PRELOADED", ["torch", "torch.distributed"])  # a quick start
+    stop_rank_server()
+    try:
+        assert run_ranks(compiler_state, 1) == [(False, torch._inductor.config.compile_threads)]
+        cold = rank_server_pid()
+        assert run_ranks(compiler_state, 2, compiles=True) == [(True, 1), (True, 1)]
+        assert rank_server_pid() != cold
+        warm = rank_server_pid()
+        assert run_ranks(compiler_state, 1) == [(True, 1)] and rank_server_pid() == warm
+    finally:
+        stop_rank_server()  # the next test's runs start one with every module preloaded

@@ -85,6 +85,7 @@ FUSED_KERNEL_LEVERS = {
 }
 
 
+@pytest.mark.slow(reason="every catalogue mistake of a fused kernel's lever, on each seed case it changes")
 @pytest.mark.parametrize("levers", FUSED_KERNEL_LEVERS.values(), ids=FUSED_KERNEL_LEVERS.keys())
 def test_each_fused_kernels_mistake_is_caught_on_every_case_it_changes(levers):
     assert_caught_on_every_case_it_changes(levers())

@@ -58,6 +58,7 @@ def _build_and_install(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.slow(reason='builds and installs the wheel, then runs a lever from it')
 def test_correctness_run_from_an_installed_wheel(tmp_path):
     target = _build_and_install(tmp_path)
     recipe = target / "correctness_fixtures" / "recipes" / f"{GEMMA}.yaml"

@@ -32,6 +32,8 @@ def model_of(recipe_id: str) -> str:
     return yaml.safe_load(recipe_path(recipe_id).read_text())["model"]
 
 
+@pytest.mark.slow(reason="correctness run, attach and check end to end from a model's config: three levers at its smoke "
+                         "shapes")
 @pytest.mark.parametrize("recipe_id", RECIPES)
 def test_the_cpu_tier_runs_from_the_config(recipe_id, tmp_path):
     model = model_of(recipe_id)

@@ -6,7 +6,8 @@ The browser is the system's (Debian: `apt-get install chromium chromium-driver`;
 where none can be found or started, the tests skip with the reason (they fail instead where
 CORRECTNESS_REQUIRE_BROWSER is set, as `.ci/run` does). The checks themselves are first run on a page
 written here, whole and broken, so that a check that sees nothing fails. The seeds' records come from a
-few of their component tests, run into a temporary folder (report_in_browser.SEED_RUNS)."""
+few of their component tests, run once per session into a temporary folder (report_in_browser.SEED_RUNS;
+tests/conftest.py: seed_reports)."""
 
 import os
 from pathlib import Path
@@ -16,10 +17,11 @@ import pytest
 import report_in_browser as browsing
 from report_in_browser import GEMMA, NEMOTRON
 
-# The figures each seed's report must hold: (lever section, figure.chart[data-kind]).
+# The figures each seed's report must hold: (lever section, figure.chart[data-kind]); a heatmap is
+# Gemma's (attention), the offload charts Nemotron's.
 SEED_CHARTS = {
     GEMMA: [("attention-backend", "err-bound"), ("attention-backend", "heatmap")],
-    NEMOTRON: [("optimizer-offload", "err-bound"), ("optimizer-offload", "offload"), ("thd-packing", "heatmap")],
+    NEMOTRON: [("optimizer-offload", "err-bound"), ("optimizer-offload", "offload")],
 }
 VERDICTS = {"pass", "fail", "incomplete", "no kernel change", "format-limited", "skip"}
 MIN_GRAY_VARIANCE = 20.0  # a blank page is 0; the stand-in page below 830, the Nemotron report 1440
@@ -133,18 +135,14 @@ def test_the_checks_fail_a_broken_page(browser, tmp_path, problem):
 
 # --- the seed recipes' reports ------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=[GEMMA, NEMOTRON], ids=["gemma", "nemotron"])
-def seed_report(request, browser, tmp_path_factory):
-    """(recipe, its report.html) from a few of its component tests' records (made only where a browser
-    started: `browser` is asked for first)."""
+@pytest.fixture(params=[GEMMA, NEMOTRON], ids=["gemma", "nemotron"])
+def seed_report(request, browser, seed_reports):
+    """(recipe, its report.html) from the session's records of a few of its component tests
+    (tests/conftest.py: seed_reports)."""
     recipe = request.param
-    results = tmp_path_factory.mktemp("records")
-    failed = browsing.run_component_tests(recipe, results)
-    assert failed is None, failed
-    finished = browsing.write_report(results)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    reports = [path for path in results.rglob("report.html") if recipe in path.relative_to(results).as_posix()]
-    assert len(reports) == 1, (sorted(results.rglob("*")), finished.stdout)
+    reports = [path for path in seed_reports.rglob("report.html")
+               if recipe in path.relative_to(seed_reports).as_posix()]
+    assert len(reports) == 1, sorted(seed_reports.rglob("*"))
     return recipe, reports[0]
 
 

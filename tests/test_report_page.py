@@ -5,12 +5,11 @@ input, and its size on real records.
 
 The real records come from a few component tests run once per session into a temporary folder by
 `correctness run --report` (Gemma's attention backend on its seed-0 cases, Nemotron's optimizer
-offload at the CPU tier, both tiers), which writes each recipe's report too."""
+offload at the CPU tier, both tiers; tests/conftest.py: seed_reports), which writes each recipe's
+report too."""
 
 import json
 import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
@@ -44,20 +43,10 @@ def one_line(err: str) -> bool:
     return err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.fixture(scope="session")
-def results(tmp_path_factory) -> Path:
-    """A results folder with the records (and reports) of two quick runs, one per seed recipe."""
-    folder = tmp_path_factory.mktemp("report") / "results"
-    runs = ((GEMMA, "sdpa_flash_cpu_against_eager_unfused and seed0"),
-            (NEMOTRON, "offload_fraction_cpu or megatron_hybrid_optimizer_on_cpu"))
-    for recipe, selection in runs:
-        finished = subprocess.run(
-            [sys.executable, "-m", "correctness.cli", "run", str(recipe_path(recipe)), "--tier", "cpu", "--report",
-             "--results-dir", str(folder), "--", "-k", selection, "-p", "no:cacheprovider"],
-            cwd=folder.parent, capture_output=True, text=True, timeout=900)
-        assert finished.returncode in (0, 1), finished.stdout + finished.stderr  # pass, or incomplete
-        assert "report: " in finished.stdout, finished.stdout + finished.stderr
-    return folder
+@pytest.fixture
+def results(seed_reports) -> Path:
+    """The session's records and reports of the seeds' few component tests (tests/conftest.py)."""
+    return seed_reports
 
 
 def report_of(results: Path, recipe: str) -> Path:

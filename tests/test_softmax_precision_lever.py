@@ -70,6 +70,8 @@ def test_fp32_softmax_is_bitwise_the_eager_unfused_path(shape_id):
         assert torch.equal(megatron.tensors[name], tensor), name
 
 
+@pytest.mark.slow(reason="the equality at the component test's own shapes (Gemma's smoke scale: a global layer at 768 "
+                         "positions)")
 @pytest.mark.megatron
 def test_fp32_softmax_equals_eager_at_the_smoke_shapes():
     """The same at the Gemma smoke scale the component test runs (one windowed, one global layer)."""

@@ -155,3 +155,26 @@ def test_a_bias_on_the_experts_skips_with_megatrons_refusal(eager_jit_fuser):
 
     with pytest.raises(ImplementationUnavailable, match="takes no bias"):
         MegatronSwiglu(FUSED, fused=True).run(inputs)
+
+
+def _inputs(rows: int, width: int, seed: int) -> SwigluInputs:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 1, 2 * width, generator=generator).to(torch.bfloat16)
+    grad = torch.randn(rows, 1, width, generator=generator).to(torch.bfloat16)
+    return SwigluInputs(x=x, grad=grad, bias=None, probs=None)
+
+
+def test_a_cases_compiled_kernel_does_not_depend_on_what_the_process_compiled_before():
+    """Megatron's fused function is compiled for each case's inputs alone: run after a case of
+    another width (which, without the reset, had dynamo recompile it with dynamic shapes), a case's
+    tensors are bitwise those it gets first in the process."""
+    fused = MegatronSwiglu(name=FUSED, fused=True)
+    first = fused.run(_inputs(64, 1024, seed=0))
+    assert first.details["graphs_compiled"] > 0
+    fused.run(_inputs(32, 768, seed=1))
+    again = fused.run(_inputs(64, 1024, seed=0))
+    assert again.details["graphs_compiled"] > 0, "new inputs: compiled afresh"
+    assert all(torch.equal(first.tensors[name], again.tensors[name]) for name in first.tensors)
+    repeat_inputs = _inputs(64, 1024, seed=0)
+    fused.run(repeat_inputs)
+    assert fused.run(repeat_inputs).details["graphs_compiled"] == 0, "the same inputs reuse their graphs"

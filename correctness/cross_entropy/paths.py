@@ -159,7 +159,7 @@ class RankSession:
         world = max(job.tp for job in jobs)
         results = [pickle.loads(result) for result in
                    run_ranks(run_jobs, world, pickle.dumps(jobs), self.device, timeout=self.timeout,
-                                         cuda=self.device == "cuda")]
+                             cuda=self.device == "cuda", compiles=True)]
         self.versions = results[0]["versions"]
         for job in jobs:
             per_rank = [result["jobs"][job.key] for result in results if job.key in result["jobs"]]
