@@ -20,10 +20,14 @@ import resource
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
 from cpu_tier import cpu_features
+
+from correctness.errors import CorrectnessError
+from correctness.files import output_target, write_output
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS = {"bf16": 300.0, "avx2": 480.0}  # seconds of `make test`
@@ -39,6 +43,12 @@ KINDS = {
     "gloo ranks": ("test_distributed", "test_emulated_ranks", "test_reduction_lever", "test_determinism_lever"),
 }
 ROLES = ("reference", "default", "candidate", "candidate_repeat", "default_repeat", "format")
+WIDTH = 160  # characters: the longest line printed (a long command or test id is wrapped)
+
+
+def say(text: str, indent: str = "  ") -> None:
+    print(textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ",
+                        break_long_words=True, break_on_hyphens=False))
 
 
 def kind_of(module: str) -> str:
@@ -121,6 +131,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
+    if args.json:  # refused before the run, not after it (an input, a read-only file, a device: correctness.files)
+        try:
+            output_target(args.json, "--json")
+        except CorrectnessError as refusal:
+            print(f"suite_time: {refusal}", file=sys.stderr)
+            return 2
     environment = dict(os.environ)
     if args.avx2:
         environment["ONEDNN_MAX_CPU_ISA"] = "AVX2"
@@ -154,27 +170,29 @@ def main() -> int:
         "phases": phases, **breakdown(items, args.top), "record_roles": roles,
     }
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
-    print(f"make test{' (ONEDNN_MAX_CPU_ISA=AVX2)' if args.avx2 else ''} on {cpu['model']}"
-          f" (BF16 hardware: {'yes' if cpu['bf16_hardware'] else 'no'}): {wall:.0f} s of pytest"
-          f" (goal {goal:.0f} s with the install), {figures['cpu_seconds']:.0f} s CPU")
+        write_output(args.json, (json.dumps(figures, indent=1) + "\n").encode(), "--json")
+    say(f"make test{' (ONEDNN_MAX_CPU_ISA=AVX2)' if args.avx2 else ''} on {cpu['model']}"
+        f" (BF16 hardware: {'yes' if cpu['bf16_hardware'] else 'no'}): {wall:.0f} s of pytest"
+        f" (goal {goal:.0f} s with the install), {figures['cpu_seconds']:.0f} s CPU", "")
+    print("phases:")
     for phase in phases:
-        print(f"  {phase['wall_seconds']:.0f} s wall, {phase['cpu_seconds']:.0f} s CPU, exit {phase['exit_status']}:"
-              f" {phase['command']}\n    {phase['outcome']}")
+        say(f"{phase['wall_seconds']:.0f} s wall, {phase['cpu_seconds']:.0f} s CPU, exit {phase['exit_status']}:"
+            f" {phase['command']}")
+        say(phase["outcome"], "    ")
     print("the duration lines (s, summed over both workers):")
-    print("  " + "; ".join(f"{phase} {seconds:.0f}" for phase, seconds in figures["work"].items()))
+    say("; ".join(f"{phase} {seconds:.0f}" for phase, seconds in figures["work"].items()))
     print("unit tests by kind of work (s):")
     for kind, seconds in figures["unit_test_kinds"].items():
         print(f"  {seconds:7.1f}  {kind}")
     print("component tests' records by role (s of their cases):")
     for name, split in roles.items():
-        print(f"  {name}: " + ", ".join(f"{role} {seconds:.1f}" for role, seconds in split.items()))
+        say(f"{name}: " + ", ".join(f"{role} {seconds:.1f}" for role, seconds in split.items()))
     print(f"modules (s, top {args.top}):")
     for module, seconds in figures["modules"]:
         print(f"  {seconds:7.1f}  {module}")
     print(f"slowest items (s, top {args.top}):")
     for seconds, when, test in figures["slowest"]:
-        print(f"  {seconds:7.1f}  {when:8} {test}")
+        say(f"{seconds:7.1f}  {when:8} {test}")
     return 0 if failed == 0 else 1
 
 

@@ -71,7 +71,8 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
 def seed_reports(tmp_path_factory) -> Path:
     """A results folder with the records and reports of a few component tests of each seed recipe
     (report_in_browser.SEED_RUNS), run once per session for every worker: the report's tests and
-    the browser's read it, and none writes in it."""
+    the browser's read it (`correctness report` on it rewrites each recipe's report.html in place,
+    atomically and from the same records)."""
     from report_in_browser import SEED_RUNS, run_component_tests
 
     def make(folder: Path) -> None:
@@ -89,7 +90,6 @@ def toy_levers_known(monkeypatch):
 
     suite = correctness.registry.known_lever
     monkeypatch.setattr(correctness.registry, "known_lever", lambda name: known_toy(name) or suite(name))
-
 
 
 def pytest_configure(config):
